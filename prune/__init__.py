@@ -1,0 +1,49 @@
+"""prune: sparse and pruned networks on Keras 3.
+
+Schedules produce binary masks stored beside the weights; a masked training
+step keeps pruned weights at exactly zero under every optimizer.
+
+``import prune`` never imports tensorflow_model_optimization: importing tfmot
+sets ``TF_USE_LEGACY_KERAS=1`` for the whole process. tfmot is only touched in
+:mod:`prune.interop`, lazily, and its baseline runs in a separate process.
+"""
+
+from prune.api import is_pruned, prune_low_magnitude, strip_pruning, unsupported_layers
+from prune.layers.masked import PrunableLayer
+from prune.masks import criteria, register_criterion
+from prune.pruning import get_step, prunable_layers, update_masks
+from prune.registry import register_prunable
+from prune.report import sparsity_report
+from prune.schedules import (
+    ConstantSparsity,
+    OneShot,
+    PolynomialDecay,
+    PruningSchedule,
+    register_schedule,
+)
+from prune.training import UpdatePruningStep, apply_masked_gradients, mask_gradients
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConstantSparsity",
+    "OneShot",
+    "PolynomialDecay",
+    "PruningSchedule",
+    "PrunableLayer",
+    "UpdatePruningStep",
+    "apply_masked_gradients",
+    "criteria",
+    "get_step",
+    "is_pruned",
+    "mask_gradients",
+    "prunable_layers",
+    "prune_low_magnitude",
+    "register_criterion",
+    "register_prunable",
+    "register_schedule",
+    "sparsity_report",
+    "strip_pruning",
+    "unsupported_layers",
+    "update_masks",
+]

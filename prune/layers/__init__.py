@@ -1,0 +1,5 @@
+"""Keras 3 layers of the framework: masked (and, as they land, sparse and partially frozen) layers."""
+
+from prune.layers.masked import MaskedConv1D, MaskedConv2D, MaskedDense, MaskedEmbedding, PrunableLayer
+
+__all__ = ["PrunableLayer", "MaskedDense", "MaskedConv1D", "MaskedConv2D", "MaskedEmbedding"]

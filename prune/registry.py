@@ -1,0 +1,54 @@
+"""Which Keras layers can be pruned, and by which masked layer.
+
+A dict plus :func:`register_prunable`. Matching is by exact class: a user
+subclass of ``Dense`` may override ``call`` in ways the masked layer would
+silently drop, so it must be registered explicitly. Layers with no entry stay
+dense and are listed by :func:`prune.sparsity_report`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from prune.layers.masked import MaskedConv1D, MaskedConv2D, MaskedDense, MaskedEmbedding, PrunableLayer
+
+__all__ = ["register_prunable", "masked_class_for", "prunable_classes"]
+
+_PRUNABLE: dict[type, type] = {
+    keras.layers.Dense: MaskedDense,
+    keras.layers.Conv1D: MaskedConv1D,
+    keras.layers.Conv2D: MaskedConv2D,
+    keras.layers.Embedding: MaskedEmbedding,
+}
+
+
+def register_prunable(layer_class: type, masked_class: type) -> None:
+    """Make ``layer_class`` prunable through ``masked_class``.
+
+    Args:
+        layer_class: The plain Keras layer class.
+        masked_class: A subclass of both :class:`prune.layers.PrunableLayer`
+            and ``layer_class`` whose forward pass uses ``masked_weight``.
+
+    Raises:
+        ValueError: ``masked_class`` is not such a subclass.
+    """
+    if not (isinstance(masked_class, type) and issubclass(masked_class, PrunableLayer)):
+        raise ValueError(f"masked_class must subclass prune.layers.PrunableLayer, got {masked_class!r}")
+    if not issubclass(masked_class, layer_class):
+        raise ValueError(f"masked_class {masked_class.__name__} must subclass layer_class {layer_class.__name__}")
+    if masked_class.base_class is None:
+        masked_class.base_class = layer_class
+    _PRUNABLE[layer_class] = masked_class
+
+
+def masked_class_for(layer: Any) -> type | None:
+    """The masked class registered for ``layer``'s exact type, or ``None``."""
+    return _PRUNABLE.get(type(layer))
+
+
+def prunable_classes() -> list[str]:
+    """Names of the registered prunable layer classes."""
+    return sorted(c.__name__ for c in _PRUNABLE)

@@ -1,0 +1,285 @@
+"""Pruning schedules: pure, immutable values ``schedule(step) -> (should_update, sparsity)``.
+
+The protocol and the numbers are tensorflow-model-optimization's
+(``tfmot.sparsity.keras.PruningSchedule``): for the same arguments our
+``ConstantSparsity`` and ``PolynomialDecay`` return the same decisions and the
+same float32 sparsities at every step (``tests/test_schedules.py`` checks this
+against tfmot itself, in a separate process). Unlike tfmot's, ours are frozen
+dataclasses that validate when constructed, return plain Python values, and
+round-trip through ``get_config`` / ``from_config``.
+
+Schedules are evaluated in Python by the pruning callback, never inside the
+compiled training step, so they cost nothing per step on the graph side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "PruningSchedule",
+    "ConstantSparsity",
+    "PolynomialDecay",
+    "OneShot",
+    "CallableSchedule",
+    "as_schedule",
+    "register_schedule",
+    "schedule_from_config",
+]
+
+
+@runtime_checkable
+class ScheduleLike(Protocol):
+    """Anything called as ``schedule(step) -> (should_update, sparsity)``."""
+
+    def __call__(self, step: Any) -> tuple[Any, Any]: ...
+
+
+def _check_sparsity(name: str, value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}") from None
+    if not (0.0 <= v < 1.0) or math.isnan(v):
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return v
+
+
+def _check_int(name: str, value: Any, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _in_range_and_turn(step: int, begin: int, end: int, frequency: int) -> bool:
+    # tfmot's _should_prune_in_step: end == -1 means "no end".
+    in_range = step >= begin and (end < 0 or step <= end)
+    return bool(in_range and (step - begin) % frequency == 0)
+
+
+def _as_step(step: Any) -> int:
+    return int(np.asarray(step))
+
+
+class PruningSchedule:
+    """Base class: a pure function of the step, serialisable as a config dict.
+
+    Subclasses are frozen dataclasses; ``get_config`` returns their fields and
+    ``from_config`` rebuilds an equal value.
+    """
+
+    def __call__(self, step: int) -> tuple[bool, float]:
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        """Return the constructor arguments as a JSON-serialisable dict."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "PruningSchedule":
+        """Rebuild a schedule from :meth:`get_config` output."""
+        return cls(**config)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantSparsity(PruningSchedule):
+    """Prune to ``target_sparsity`` every ``frequency`` steps in ``[begin_step, end_step]``.
+
+    Args:
+        target_sparsity: Fraction of zeros, in [0, 1).
+        begin_step: First step at which masks are updated (>= 0).
+        end_step: Last step at which masks may be updated; -1 means no end
+            (tfmot's convention, kept for compatibility).
+        frequency: Update masks every ``frequency`` steps (> 0).
+    """
+
+    target_sparsity: float
+    begin_step: int
+    end_step: int = -1
+    frequency: int = 100
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_sparsity", _check_sparsity("target_sparsity", self.target_sparsity))
+        _validate_steps(self.begin_step, self.end_step, self.frequency, allow_no_end=True)
+
+    def __call__(self, step: int) -> tuple[bool, float]:
+        s = _as_step(step)
+        return (
+            _in_range_and_turn(s, self.begin_step, self.end_step, self.frequency),
+            float(np.float32(self.target_sparsity)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PolynomialDecay(PruningSchedule):
+    """Gradual pruning: sparsity rises from ``initial_sparsity`` to ``final_sparsity``.
+
+    ``s(t) = s_f + (s_i - s_f) * (1 - p)**power`` with
+    ``p = clip((t - begin_step) / (end_step - begin_step), 0, 1)``, evaluated in
+    float32 exactly as tfmot does.
+
+    Reference: Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of
+    pruning for model compression", 2017 (arXiv:1710.01878).
+
+    Args:
+        initial_sparsity: Sparsity at ``begin_step``, in [0, 1).
+        final_sparsity: Sparsity from ``end_step`` on, in [0, 1).
+        begin_step: First update step (>= 0).
+        end_step: Last update step (> begin_step).
+        power: Exponent of the decay; 3 in the paper.
+        frequency: Update masks every ``frequency`` steps (> 0).
+    """
+
+    initial_sparsity: float
+    final_sparsity: float
+    begin_step: int
+    end_step: int
+    power: float = 3
+    frequency: int = 100
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "initial_sparsity", _check_sparsity("initial_sparsity", self.initial_sparsity))
+        object.__setattr__(self, "final_sparsity", _check_sparsity("final_sparsity", self.final_sparsity))
+        _validate_steps(self.begin_step, self.end_step, self.frequency, allow_no_end=False)
+        if self.end_step == self.begin_step:
+            raise ValueError(
+                f"end_step must be > begin_step for PolynomialDecay, got begin_step={self.begin_step!r}, "
+                f"end_step={self.end_step!r}"
+            )
+        if isinstance(self.power, bool) or not isinstance(self.power, (int, float)) or not math.isfinite(self.power):
+            raise ValueError(f"power must be a finite number, got {self.power!r}")
+
+    def sparsity_at(self, step: int) -> float:
+        """The sparsity the schedule prescribes at ``step`` (float32 arithmetic, as tfmot)."""
+        f32 = np.float32
+        p = np.minimum(
+            f32(1.0),
+            np.maximum(f32(0.0), f32(_as_step(step) - self.begin_step) / f32(self.end_step - self.begin_step)),
+        )
+        decay = f32(self.initial_sparsity - self.final_sparsity) * np.power(f32(1.0) - p, f32(self.power))
+        return float(f32(decay + f32(self.final_sparsity)))
+
+    def __call__(self, step: int) -> tuple[bool, float]:
+        s = _as_step(step)
+        return _in_range_and_turn(s, self.begin_step, self.end_step, self.frequency), self.sparsity_at(s)
+
+
+@dataclasses.dataclass(frozen=True)
+class OneShot(PruningSchedule):
+    """Prune once, to ``sparsity``, at ``step``; masks stay fixed afterwards.
+
+    Args:
+        sparsity: Fraction of zeros, in [0, 1).
+        step: The single update step (>= 0).
+    """
+
+    sparsity: float
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sparsity", _check_sparsity("sparsity", self.sparsity))
+        _check_int("step", self.step, minimum=0)
+
+    def __call__(self, step: int) -> tuple[bool, float]:
+        return _as_step(step) == self.step, float(np.float32(self.sparsity))
+
+
+@dataclasses.dataclass(frozen=True)
+class CallableSchedule(PruningSchedule):
+    """Adapter for any object called as ``schedule(step) -> (should_update, sparsity)``.
+
+    Tensor results (as tfmot's schedules return) are converted to Python
+    values. Such a schedule is used as is but cannot be serialised unless the
+    wrapped object can.
+    """
+
+    fn: Callable[[int], tuple[Any, Any]]
+
+    def __call__(self, step: int) -> tuple[bool, float]:
+        should, sparsity = self.fn(_as_step(step))
+        return bool(np.asarray(should)), float(np.asarray(sparsity))
+
+    def get_config(self) -> dict[str, Any]:
+        get = getattr(self.fn, "get_config", None)
+        if get is None:
+            raise ValueError(
+                f"pruning_schedule {self.fn!r} has no get_config(); it cannot be saved. "
+                "Use one of prune.ConstantSparsity, prune.PolynomialDecay, prune.OneShot or register your own."
+            )
+        return {"wrapped": get(), "class": f"{type(self.fn).__module__}.{type(self.fn).__qualname__}"}
+
+
+def _validate_steps(begin: Any, end: Any, frequency: Any, allow_no_end: bool) -> None:
+    _check_int("begin_step", begin, minimum=0)
+    _check_int("end_step", end)
+    _check_int("frequency", frequency)
+    if frequency <= 0:
+        raise ValueError(f"frequency must be > 0, got {frequency!r}")
+    if end == -1 and allow_no_end:
+        return
+    if end < 0:
+        raise ValueError(f"end_step must be {'-1 or ' if allow_no_end else ''}>= 0, got {end!r}")
+    if begin > end:
+        raise ValueError(f"begin_step must be <= end_step, got begin_step={begin!r}, end_step={end!r}")
+
+
+_REGISTRY: dict[str, type[PruningSchedule]] = {
+    "ConstantSparsity": ConstantSparsity,
+    "PolynomialDecay": PolynomialDecay,
+    "OneShot": OneShot,
+}
+
+
+def register_schedule(cls: type[PruningSchedule], name: str | None = None) -> type[PruningSchedule]:
+    """Register a schedule class so saved models can rebuild it. Usable as a decorator."""
+    _REGISTRY[name or cls.__name__] = cls
+    return cls
+
+
+def serialize_schedule(schedule: PruningSchedule) -> dict[str, Any]:
+    """``{"class_name": ..., "config": ...}``, the same shape tfmot uses."""
+    return {"class_name": type(schedule).__name__, "config": schedule.get_config()}
+
+
+def schedule_from_config(config: dict[str, Any]) -> PruningSchedule:
+    """Rebuild a schedule from ``{"class_name", "config"}`` (ours or tfmot's ``get_config()``)."""
+    if not isinstance(config, dict) or "class_name" not in config:
+        raise ValueError(f"pruning_schedule config must be a dict with 'class_name' and 'config', got {config!r}")
+    name = config["class_name"]
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown pruning_schedule class {name!r}; registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name].from_config(dict(config.get("config", {})))
+
+
+def as_schedule(schedule: Any) -> PruningSchedule:
+    """Accept our schedules, tfmot's schedules, config dicts or any callable.
+
+    tfmot's ``ConstantSparsity`` and ``PolynomialDecay`` are converted to ours
+    through their ``get_config()`` (they have the same arguments and numbers),
+    which needs no import of tfmot. Other callables are wrapped in
+    :class:`CallableSchedule`.
+
+    Raises:
+        ValueError: ``schedule`` is none of these.
+    """
+    if isinstance(schedule, PruningSchedule):
+        return schedule
+    if isinstance(schedule, dict):
+        return schedule_from_config(schedule)
+    module = type(schedule).__module__ or ""
+    if module.startswith("tensorflow_model_optimization") and hasattr(schedule, "get_config"):
+        cfg = schedule.get_config()
+        if cfg.get("class_name") in ("ConstantSparsity", "PolynomialDecay"):
+            return schedule_from_config(cfg)
+    if callable(schedule):
+        return CallableSchedule(schedule)
+    raise ValueError(
+        f"pruning_schedule must be a schedule (e.g. prune.ConstantSparsity) or a callable "
+        f"step -> (should_update, sparsity), got {schedule!r}"
+    )

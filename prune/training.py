@@ -1,0 +1,120 @@
+"""Training with masks: the ``fit`` callback and the custom-loop helpers.
+
+In ``model.fit``::
+
+    model.fit(x, y, callbacks=[prune.UpdatePruningStep()])
+
+In a custom ``tf.GradientTape`` loop, the same callback object drives the
+schedule, and :func:`apply_masked_gradients` applies gradients masked::
+
+    step = prune.UpdatePruningStep(optimizer=optimizer)
+    step.set_model(model)
+    step.on_train_begin()
+    for x, y in batches:
+        step.on_train_batch_begin(0)          # mask update when the schedule fires
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        prune.apply_masked_gradients(optimizer, zip(grads, model.trainable_variables), model)
+        step.on_train_batch_end(0)            # advances the step counter
+
+The masked layers already zero the gradient of pruned entries (the forward
+pass multiplies by the mask); :func:`apply_masked_gradients` additionally masks
+gradients that came from elsewhere (e.g. computed against another graph), so
+the optimizer never sees a nonzero gradient for a pruned entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import keras
+import tensorflow as tf
+
+from prune.pruning import get_step, prunable_layers, set_step, update_masks
+
+__all__ = ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"]
+
+
+class UpdatePruningStep(keras.callbacks.Callback):
+    """Advance the pruning step and update masks when the schedule says so.
+
+    The step counter lives in each masked layer's ``pruning_step`` variable, so
+    it is saved and restored with the model and training resumes where it
+    stopped. Before each batch the schedules are evaluated at the current step
+    (in Python) and, where one fires, masks are recomputed and the pruned
+    entries of weights and optimizer slots are set to zero.
+
+    Args:
+        optimizer: Optimizer whose slots to reset; defaults to ``model.optimizer``.
+    """
+
+    def __init__(self, optimizer: Any = None) -> None:
+        super().__init__()
+        self._optimizer = optimizer
+        self._step = 0
+        self._layers: list[Any] = []
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._layers = prunable_layers(self.model)
+        if not self._layers:
+            raise ValueError(
+                f"UpdatePruningStep found no prunable layer in model {self.model.name!r}; "
+                "call prune.prune_low_magnitude(model) first"
+            )
+        self._step = get_step(self.model)
+
+    def _optim(self) -> Any:
+        return self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if not self._layers:  # used in a custom loop without on_train_begin
+            self.on_train_begin()
+        if any(not layer.built for layer in self._layers):
+            return  # first batch of a lazily built model: the layers build in this step
+        update_masks(self.model, self._step, self._optim())
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._step += 1
+        for layer in self._layers:
+            if layer.built:
+                layer.pruning_step.assign(self._step)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        set_step(self.model, self._step)
+
+
+def mask_gradients(grads_and_vars: Iterable[tuple[Any, Any]], model: Any) -> list[tuple[Any, Any]]:
+    """Multiply each gradient by its variable's mask (others pass unchanged).
+
+    ``IndexedSlices`` gradients (embeddings) stay row-sparse: their values are
+    multiplied by the gathered mask rows. Works inside ``tf.function``.
+    """
+    lookup = {}
+    for layer in prunable_layers(model):
+        if layer.built:
+            for name in layer.prunable_weight_names:
+                weight, mask = layer.weight_and_mask(name)
+                lookup[id(weight)] = mask
+    out = []
+    for grad, var in grads_and_vars:
+        mask = lookup.get(id(var))
+        if grad is not None and mask is not None:
+            m = tf.convert_to_tensor(mask.value)
+            if isinstance(grad, tf.IndexedSlices):
+                grad = tf.IndexedSlices(grad.values * tf.gather(m, grad.indices), grad.indices, grad.dense_shape)
+            else:
+                grad = grad * tf.cast(m, grad.dtype)
+        out.append((grad, var))
+    return out
+
+
+def apply_masked_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]], model: Any) -> None:
+    """Mask the gradients of pruned entries, then ``optimizer.apply_gradients``.
+
+    Args:
+        optimizer: A Keras 3 optimizer.
+        grads_and_vars: ``(gradient, variable)`` pairs, as ``zip(grads, vars)``.
+        model: The model (or layer) that owns the masks.
+    """
+    optimizer.apply_gradients(mask_gradients(grads_and_vars, model))
