@@ -23,7 +23,7 @@ import numpy as np
 from prune import masks as _masks
 from prune.layers.masked import PrunableLayer
 from prune.pruning import iter_layers, prunable_layers
-from prune.registry import masked_class_for
+from prune.registry import masked_class_for, unsupported
 from prune.schedules import ConstantSparsity, as_schedule
 
 __all__ = ["prune_low_magnitude", "strip_pruning", "is_pruned", "unsupported_layers"]
@@ -186,13 +186,5 @@ def is_pruned(model: Any) -> bool:
 
 
 def unsupported_layers(model: Any) -> list[str]:
-    """Names of layers with trainable weights that are neither prunable nor containers."""
-    out = []
-    for layer in iter_layers(model):
-        if isinstance(layer, (keras.Model, PrunableLayer)) or masked_class_for(layer) is not None:
-            continue
-        if getattr(layer, "_layers", None):
-            continue
-        if layer.trainable_weights:
-            out.append(layer.name)
-    return out
+    """Names of the layers with matrix-like weights that stay dense: no masked class is registered."""
+    return [layer.name for layer, _ in unsupported(model)]

@@ -78,9 +78,9 @@ def update_masks(model: Any, step: int, optimizer: Any = None) -> list[str]:
     for layer in layers:
         if layer.scope != "layer":
             continue
-        should, sparsity = layer.pruning_schedule(step)
-        if not should:
+        if not layer.pruning_schedule.should_update(step):
             continue
+        sparsity = layer.pruning_schedule(step)[1]
         for name in layer.prunable_weight_names:
             weight, mask_var = layer.weight_and_mask(name)
             keep = _masks.topk_mask(_score(layer, name, weight), sparsity, mask_var.numpy() != 0)
@@ -90,8 +90,8 @@ def update_masks(model: Any, step: int, optimizer: Any = None) -> list[str]:
         schedules = {repr(layer.pruning_schedule) for layer in global_group}
         if len(schedules) > 1:
             raise ValueError(f"layers with scope='global' must share one pruning_schedule, got {sorted(schedules)}")
-        should, sparsity = global_group[0].pruning_schedule(step)
-        if should:
+        if global_group[0].pruning_schedule.should_update(step):
+            sparsity = global_group[0].pruning_schedule(step)[1]
             entries = {}
             for layer in global_group:
                 for name in layer.prunable_weight_names:

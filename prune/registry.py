@@ -14,7 +14,7 @@ import keras
 
 from prune.layers.masked import MaskedConv1D, MaskedConv2D, MaskedDense, MaskedEmbedding, PrunableLayer
 
-__all__ = ["register_prunable", "masked_class_for", "prunable_classes"]
+__all__ = ["register_prunable", "masked_class_for", "prunable_classes", "unsupported"]
 
 _PRUNABLE: dict[type, type] = {
     keras.layers.Dense: MaskedDense,
@@ -47,6 +47,47 @@ def register_prunable(layer_class: type, masked_class: type) -> None:
 def masked_class_for(layer: Any) -> type | None:
     """The masked class registered for ``layer``'s exact type, or ``None``."""
     return _PRUNABLE.get(type(layer))
+
+
+def _children(layer: Any) -> list[Any]:
+    return list(getattr(layer, "_layers", None) or [])
+
+
+def _has_prunable(layer: Any) -> bool:
+    stack = [layer]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, PrunableLayer) or masked_class_for(current) is not None:
+            return True
+        stack.extend(_children(current))
+    return False
+
+
+def unsupported(model: Any) -> list[tuple[Any, list[Any]]]:
+    """``(layer, weights)`` for each outermost layer that stays dense for lack of a masked class.
+
+    A layer with sublayers (an LSTM and its cell, a custom block) counts as one
+    unit unless something inside it is prunable, in which case it is a
+    container and is searched further. Only matrix-like (>= 2-D) trainable
+    weights count: biases and normalisation scales are not pruning targets.
+    """
+    out: list[tuple[Any, list[Any]]] = []
+    stack = [model]
+    seen: set[int] = set()
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, PrunableLayer) or masked_class_for(layer) is not None:
+            continue
+        if isinstance(layer, keras.Model) or _has_prunable(layer):
+            stack.extend(reversed(_children(layer)))
+            continue
+        weights = [w for w in layer.trainable_weights if len(w.shape) >= 2]
+        if weights:
+            out.append((layer, weights))
+    return out
 
 
 def prunable_classes() -> list[str]:

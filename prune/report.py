@@ -9,7 +9,7 @@ import pandas as pd
 
 from prune.layers.masked import PrunableLayer
 from prune.pruning import iter_layers
-from prune.registry import masked_class_for
+from prune.registry import unsupported
 
 __all__ = ["sparsity_report", "REPORT_COLUMNS"]
 
@@ -55,20 +55,14 @@ def sparsity_report(model: Any) -> pd.DataFrame:
         dense_bytes: bytes of the weight stored densely.
         status: ``"pruned"`` (has a mask) or ``"dense (unsupported)"``.
     """
+    units = [
+        (layer, [(n, layer.weight_and_mask(n)[0]) for n in layer.prunable_weight_names], "pruned")
+        for layer in iter_layers(model)
+        if isinstance(layer, PrunableLayer) and layer.built
+    ]
+    units += [(layer, [(w.name, w) for w in weights], "dense (unsupported)") for layer, weights in unsupported(model)]
     rows = []
-    for layer in iter_layers(model):
-        if isinstance(layer, PrunableLayer):
-            if not layer.built:
-                continue
-            names = [(n, layer.weight_and_mask(n)[0]) for n in layer.prunable_weight_names]
-            status = "pruned"
-        elif masked_class_for(layer) is not None or getattr(layer, "_layers", None) or hasattr(layer, "layers"):
-            continue  # a prunable layer left unpruned deliberately, or a container
-        elif layer.trainable_weights:
-            names = [(w.name, w) for w in layer.trainable_weights if len(w.shape) >= 2]
-            status = "dense (unsupported)"
-        else:
-            continue
+    for layer, names, status in units:
         positions = _output_positions(layer)
         for name, w in names:
             value = np.asarray(w.numpy())

@@ -15,6 +15,7 @@ compiled training step, so they cost nothing per step on the graph side.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -76,6 +77,10 @@ class PruningSchedule:
 
     def __call__(self, step: int) -> tuple[bool, float]:
         raise NotImplementedError
+
+    def should_update(self, step: int) -> bool:
+        """Whether masks are updated at ``step``; cheaper than ``self(step)`` for some schedules."""
+        return bool(self(step)[0])
 
     def get_config(self) -> dict[str, Any]:
         """Return the constructor arguments as a JSON-serialisable dict."""
@@ -156,14 +161,16 @@ class PolynomialDecay(PruningSchedule):
             raise ValueError(f"power must be a finite number, got {self.power!r}")
 
     def sparsity_at(self, step: int) -> float:
-        """The sparsity the schedule prescribes at ``step`` (float32 arithmetic, as tfmot)."""
-        f32 = np.float32
-        p = np.minimum(
-            f32(1.0),
-            np.maximum(f32(0.0), f32(_as_step(step) - self.begin_step) / f32(self.end_step - self.begin_step)),
-        )
-        decay = f32(self.initial_sparsity - self.final_sparsity) * np.power(f32(1.0) - p, f32(self.power))
-        return float(f32(decay + f32(self.final_sparsity)))
+        """The sparsity the schedule prescribes at ``step``.
+
+        Computed with the same float32 TensorFlow scalar ops as tfmot, so the
+        numbers agree to the bit: TF's float32 ``pow`` differs from NumPy's in
+        the last place for some inputs.
+        """
+        return _polynomial_sparsity(self, _as_step(step))
+
+    def should_update(self, step: int) -> bool:
+        return _in_range_and_turn(_as_step(step), self.begin_step, self.end_step, self.frequency)
 
     def __call__(self, step: int) -> tuple[bool, float]:
         s = _as_step(step)
@@ -213,6 +220,21 @@ class CallableSchedule(PruningSchedule):
                 "Use one of prune.ConstantSparsity, prune.PolynomialDecay, prune.OneShot or register your own."
             )
         return {"wrapped": get(), "class": f"{type(self.fn).__module__}.{type(self.fn).__qualname__}"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _polynomial_sparsity(schedule: "PolynomialDecay", step: int) -> float:
+    import tensorflow as tf  # deferred: schedules stay importable and cheap without TF
+
+    p = tf.math.minimum(
+        1.0,
+        tf.math.maximum(0.0, tf.math.divide(tf.cast(step - schedule.begin_step, tf.float32), schedule.end_step - schedule.begin_step)),
+    )
+    sparsity = tf.math.add(
+        tf.math.multiply(schedule.initial_sparsity - schedule.final_sparsity, tf.math.pow(1 - p, schedule.power)),
+        schedule.final_sparsity,
+    )
+    return float(sparsity.numpy())
 
 
 def _validate_steps(begin: Any, end: Any, frequency: Any, allow_no_end: bool) -> None:

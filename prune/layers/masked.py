@@ -213,8 +213,26 @@ class MaskedDense(PrunableLayer, keras.layers.Dense):
 
 
 class _MaskedConvMixin:
-    def convolution_op(self, inputs: Any, kernel: Any) -> Any:
-        return super().convolution_op(inputs, kernel * self.kernel_mask)  # type: ignore[misc]
+    """Masks the kernel inside ``call`` without copying Keras's conv code.
+
+    ``Conv1D.call`` reads ``self.kernel`` directly (for causal padding) while
+    ``BaseConv.call`` goes through ``convolution_op``; both read the
+    ``kernel`` property, so the property returns ``kernel * kernel_mask``
+    while ``call`` runs, and the plain variable everywhere else (so
+    ``layer.kernel.assign`` keeps working).
+    """
+
+    @property
+    def kernel(self) -> Any:
+        k = super().kernel  # type: ignore[misc]
+        return k * self.kernel_mask if getattr(self, "_masking", False) else k
+
+    def call(self, inputs: Any) -> Any:
+        object.__setattr__(self, "_masking", True)
+        try:
+            return super().call(inputs)  # type: ignore[misc]
+        finally:
+            object.__setattr__(self, "_masking", False)
 
 
 @keras.saving.register_keras_serializable(package="prune")

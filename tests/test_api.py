@@ -1,0 +1,189 @@
+"""prune_low_magnitude / strip_pruning on Sequential, functional and subclassed models."""
+
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import prune
+from prune.layers import MaskedConv2D, MaskedDense
+from tests.helpers import mixed_data, mixed_model, mlp, mlp_data
+
+
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = keras.layers.Dense(16, activation="relu")
+        self.fc2 = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.fc2(self.fc1(x))
+
+
+def _functional_cnn():
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((8, 8, 1))
+    x = keras.layers.Conv2D(4, 3, activation="relu")(inp)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Flatten()(x)
+    return keras.Model(inp, keras.layers.Dense(2)(x))
+
+
+def test_import_does_not_import_tfmot():
+    code = "import sys, prune; print('tensorflow_model_optimization' in sys.modules, __import__('os').environ.get('TF_USE_LEGACY_KERAS'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "None"]
+
+
+@pytest.mark.parametrize("build", [mlp, mixed_model, _functional_cnn])
+def test_all_ones_mask_changes_nothing(build):
+    """An unpruned masked model computes bitwise what the plain model computes, before and after training."""
+    plain = build()
+    pruned = prune.prune_low_magnitude(build(), prune.ConstantSparsity(0.5, begin_step=10**6))
+    x = mixed_data(32)[0] if build is mixed_model else (
+        mlp_data(32)[0] if build is mlp else np.random.default_rng(0).normal(size=(32, 8, 8, 1)).astype("float32")
+    )
+    np.testing.assert_array_equal(plain.predict(x, verbose=0), pruned.predict(x, verbose=0))
+    y = np.arange(32) % 2
+    for m in (plain, pruned):
+        m.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    pruned.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[prune.UpdatePruningStep()])
+    for a, b in zip(plain.trainable_weights, pruned.trainable_weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_sequential_prune_and_strip():
+    model = mlp()
+    x, y = mlp_data()
+    before = model.predict(x, verbose=0)
+    pm = prune.prune_low_magnitude(model, prune.OneShot(0.5, 0))
+    assert [type(l) for l in pm.layers] == [MaskedDense, MaskedDense]
+    assert [w.name for w in pm.layers[0].weights] == ["kernel", "bias", "kernel_mask", "pruning_step"]
+    assert not pm.layers[0].kernel_mask.trainable and pm.layers[0].kernel_mask.shape == pm.layers[0].kernel.shape
+    np.testing.assert_array_equal(before, pm.predict(x, verbose=0))  # weights were copied
+    assert prune.is_pruned(pm) and not prune.is_pruned(model)
+    pm.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pm.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[prune.UpdatePruningStep()])
+    stripped = prune.strip_pruning(pm)
+    assert [type(l) for l in stripped.layers] == [keras.layers.Dense, keras.layers.Dense]
+    np.testing.assert_array_equal(stripped.predict(x, verbose=0), pm.predict(x, verbose=0))
+    k = stripped.layers[0].kernel.numpy()
+    assert (k == 0).sum() == 12 * 16 // 2 and not np.signbit(k[k == 0]).any()
+
+
+def test_functional_with_unsupported_layer_is_reported():
+    model = _functional_cnn()
+    pm = prune.prune_low_magnitude(model, prune.OneShot(0.75, 0))
+    kinds = [type(l).__name__ for l in pm.layers]
+    assert kinds == ["InputLayer", "MaskedConv2D", "BatchNormalization", "Flatten", "MaskedDense"]
+    pm.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).normal(size=(16, 8, 8, 1)).astype("float32")
+    pm.fit(x, np.arange(16) % 2, epochs=1, verbose=0, callbacks=[prune.UpdatePruningStep()])
+    report = prune.sparsity_report(pm)
+    pruned = report[report.status == "pruned"]
+    assert list(pruned.layer) == [pm.layers[1].name, pm.layers[4].name]
+    assert list(pruned.nnz) == [9, 72]  # 36 -> 9 and 288 -> 72 at 75%
+    # Conv2D: 2 FLOPs per multiply-add at each of the 6x6 output positions.
+    assert pruned.dense_flops.iloc[0] == 2 * 36 * 36 and pruned.nonzero_flops.iloc[0] == 2 * 9 * 36
+    assert prune.unsupported_layers(pm) == []  # BatchNorm has only 1-D weights, nothing to prune
+    lstm = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4), keras.layers.Dense(2)])
+    plstm = prune.prune_low_magnitude(lstm)
+    assert type(plstm.layers[0]) is keras.layers.LSTM  # left dense, never half-wrapped
+    assert prune.unsupported_layers(plstm) == [plstm.layers[0].name]
+    assert set(prune.sparsity_report(plstm).status) == {"pruned", "dense (unsupported)"}
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_subclassed_model(built):
+    keras.utils.set_random_seed(0)
+    net = Net()
+    x, y = mlp_data()
+    if built:
+        before = net(x).numpy()
+    pm = prune.prune_low_magnitude(net, prune.ConstantSparsity(0.5, 0, frequency=1))
+    assert pm is net and isinstance(net.fc1, MaskedDense) and isinstance(net.fc2, MaskedDense)
+    if built:
+        np.testing.assert_array_equal(before, net(x).numpy())
+    net.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    net.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[prune.UpdatePruningStep()])
+    assert len(net.trainable_weights) == 4  # the replaced plain layers are no longer tracked
+    assert (net.fc1.kernel.numpy() == 0).sum() == 12 * 16 // 2
+    stripped = prune.strip_pruning(net)
+    assert type(stripped.fc1) is keras.layers.Dense
+
+
+def test_layer_level_wrapping_for_subclassed_models():
+    layer = prune.prune_low_magnitude(keras.layers.Conv2D(3, 2), prune.OneShot(0.5, 0))
+    assert isinstance(layer, MaskedConv2D) and not layer.built
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(criterion="taylor"), r"unknown criterion 'taylor'"),
+        (dict(scope="network"), r"unknown scope 'network'"),
+        (dict(pruning_schedule=3), r"pruning_schedule must be a schedule"),
+        (dict(block_size=(2, 2)), r"block_size must be \(1, 1\)"),
+        (dict(seed=1.5), r"seed must be an integer, got 1.5"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    model = mlp()
+    with pytest.raises(ValueError, match=message):
+        prune.prune_low_magnitude(model, **kwargs)
+
+
+def test_bad_targets():
+    with pytest.raises(ValueError, match=r"to_prune must be a Keras 3 layer or model, got numpy.ndarray"):
+        prune.prune_low_magnitude(np.zeros(3))
+    with pytest.raises(ValueError, match=r"to_prune is a LSTM, which is not prunable"):
+        prune.prune_low_magnitude(keras.layers.LSTM(3))
+    pm = prune.prune_low_magnitude(mlp())
+    with pytest.raises(ValueError, match=r"already pruned"):
+        prune.prune_low_magnitude(pm)
+
+
+def test_set_mask_validates_before_changing_anything():
+    pm = prune.prune_low_magnitude(mlp(), prune.OneShot(0.5, 0))
+    layer = pm.layers[0]
+    before = layer.kernel.numpy().copy()
+    with pytest.raises(ValueError, match=r"must have shape \(12, 16\), got shape \(16, 12\)"):
+        layer.set_mask("kernel", np.ones((16, 12)))
+    with pytest.raises(ValueError, match=r"only 0 and 1, got values \[2.0\]"):
+        layer.set_mask("kernel", np.full((12, 16), 2.0))
+    with pytest.raises(ValueError, match=r"weight 'bias' is not prunable"):
+        layer.set_mask("bias", np.ones(16))
+    np.testing.assert_array_equal(before, layer.kernel.numpy())
+    np.testing.assert_array_equal(layer.kernel_mask.numpy(), np.ones((12, 16)))
+    mask = np.zeros((12, 16))
+    mask[:, :4] = 1
+    layer.set_mask("kernel", mask)
+    assert (layer.kernel.numpy()[:, 4:] == 0).all() and (layer.kernel.numpy()[:, :4] == before[:, :4]).all()
+
+
+def test_global_scope_prunes_small_layers_less():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(50, name="a"), keras.layers.Dense(2, name="b")])
+    rng = np.random.default_rng(0)
+    model.layers[0].kernel.assign(rng.uniform(-1, 1, (4, 50)))
+    model.layers[1].kernel.assign(10 + rng.uniform(0, 1, (50, 2)))  # every entry larger than any of layer a
+    pm = prune.prune_low_magnitude(model, prune.OneShot(0.5, 0), scope="global")
+    prune.update_masks(pm, 0)
+    zeros = [int((~l.get_masks()["kernel"]).sum()) for l in pm.layers]
+    assert sum(zeros) == int(np.round(0.5 * (200 + 100)))
+    assert zeros[1] == 0  # every weight of the large layer survives the global threshold
+
+
+def test_random_criterion_is_reproducible():
+    masks = []
+    for _ in range(2):
+        pm = prune.prune_low_magnitude(mlp(), prune.OneShot(0.6, 0), criterion="random", seed=7)
+        prune.update_masks(pm, 0)
+        masks.append(pm.layers[0].get_masks()["kernel"])
+    np.testing.assert_array_equal(*masks)
+    mag = prune.prune_low_magnitude(mlp(), prune.OneShot(0.6, 0))
+    prune.update_masks(mag, 0)
+    assert not np.array_equal(masks[0], mag.layers[0].get_masks()["kernel"])
