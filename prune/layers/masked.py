@@ -103,7 +103,7 @@ class PrunableLayer:
                 trainable=False,
                 autocast=True,
             )
-            object.__setattr__(self, f"{name}_mask", mask)
+            setattr(self, f"{name}_mask", mask)  # a plain attribute: tf.train.Checkpoint tracks it by name
         self.pruning_step = self.add_weight(
             name="pruning_step", shape=(), initializer="zeros", dtype="int64", trainable=False
         )
