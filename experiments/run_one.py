@@ -1,0 +1,268 @@
+"""One run, in a worker process: config first, then train, measure, write, return the row.
+
+Stages of a run directory ``results/<sweep>/runs/<run_id>/``:
+
+1. ``config.json``: the resolved run config, its hash, seed, versions and git
+   state, written before anything else.
+2. ``log.txt``: one line per epoch and the error traceback of a failed run.
+3. ``checkpoint.weights.h5`` (gitignored), ``sparsity_report.csv``.
+4. ``result.json``: the row and curves, written atomically last. When it exists
+   the run is finished and :func:`execute` returns it without running again.
+
+Worker processes are long-lived and reused across runs of the same kind:
+``keras3`` workers run dense, masked and sparse_tensor; ``legacy`` workers set
+``TF_USE_LEGACY_KERAS=1`` before importing TensorFlow and run tfmot. A
+``keras3`` process asked to run tfmot (a Dask worker) starts
+``python -m experiments.tfmot_baseline`` for it. Nothing in this module imports
+TensorFlow at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments import provenance
+from experiments.config import RunConfig, from_dict, to_dict
+from experiments.store import atomic_write, config_columns
+
+__all__ = ["init_process", "execute", "run_task", "kind_of", "result_path"]
+
+_STATE: dict[str, Any] = {"kind": None, "startup": 0.0, "charged": False, "threads": (0, 0)}
+
+
+def kind_of(run: RunConfig) -> str:
+    """``legacy`` for tfmot runs (tf-keras process), ``keras3`` for the rest."""
+    return "legacy" if run.implementation.name == "tfmot" else "keras3"
+
+
+def result_path(run_dir: Path) -> Path:
+    """Where a finished run's row and curves are stored."""
+    return Path(run_dir) / "result.json"
+
+
+def _watch_parent(ppid: int) -> None:
+    # A worker whose runner was killed (kill -9) exits instead of finishing its run:
+    # the rerun redoes that run, and no orphan writes into the sweep meanwhile.
+    while True:
+        time.sleep(0.25)
+        if os.getppid() != ppid:
+            os._exit(3)
+
+
+def init_process(kind: str, threads: int, launched_at: float | None = None, watch_parent: bool = False) -> None:
+    """Prepare a worker process: Keras flavour, thread counts, imports (paid once).
+
+    Args:
+        kind: ``keras3`` or ``legacy`` (sets ``TF_USE_LEGACY_KERAS=1`` before TensorFlow is imported).
+        threads: TensorFlow intra-op threads (inter-op is 1).
+        launched_at: ``time.time()`` when the process was requested; the start-up
+            cost (spawn + imports) is charged to the process's first run.
+        watch_parent: Exit when the parent process dies.
+    """
+    if _STATE["kind"] is not None:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+    os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+    if kind == "legacy":
+        from experiments.tfmot_baseline import ensure_legacy_keras
+
+        ensure_legacy_keras()
+    t0 = time.time() if launched_at is None else launched_at
+    if watch_parent:
+        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    from experiments.train import configure_threads
+
+    _STATE["threads"] = configure_threads(threads, 1)
+    if kind == "legacy":
+        import tensorflow_model_optimization  # noqa: F401
+        import tf_keras  # noqa: F401
+    else:
+        import keras  # noqa: F401
+
+        import prune  # noqa: F401
+    _STATE.update(kind=kind, startup=time.time() - t0, charged=False)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _failed_metrics(error: str) -> dict[str, Any]:
+    return {"status": "failed", "error": error}
+
+
+def execute(run: RunConfig, run_dir: Path, context: dict[str, Any]) -> dict[str, Any]:
+    """Run ``run`` in this (initialised) process, write its folder, return ``{"row", "curves"}``.
+
+    A run that raises is returned (and stored) as ``status="failed"`` with its
+    error; it does not raise.
+
+    Args:
+        run: The run.
+        run_dir: Its directory.
+        context: ``sweep`` name, ``git_commit``, ``git_dirty`` from the runner.
+    """
+    run_dir = Path(run_dir)
+    done = result_path(run_dir)
+    if done.exists():
+        return json.loads(done.read_text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = _now()
+    t_start = time.perf_counter()
+    if context.get("git_commit") is None:
+        context = {**context, **dict(zip(("git_commit", "git_dirty"), provenance.git_state()))}
+    prov = dict(
+        provenance.versions(),
+        git_commit=context.get("git_commit", ""),
+        git_dirty=bool(context.get("git_dirty", False)),
+        cpu_model=provenance.cpu_model(),
+        hostname=provenance.hostname(),
+        pid=os.getpid(),
+        worker_kind=_STATE["kind"],
+        intra_op_threads=_STATE["threads"][0],
+        inter_op_threads=_STATE["threads"][1],
+        started_at=started,
+    )
+    cols = config_columns(run, context.get("sweep", ""))
+    atomic_write(
+        run_dir / "config.json",
+        json.dumps(
+            {"run_id": run.run_id, "config_hash": cols["config_hash"], "seed": run.seed, "run": to_dict(run), **prov},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n",
+    )
+    startup = 0.0 if _STATE["charged"] else float(_STATE["startup"])
+    _STATE["charged"] = True
+    log_fh = open(run_dir / "log.txt", "a")
+
+    def log(line: str) -> None:
+        log_fh.write(f"{_now()} {line}\n")
+        log_fh.flush()
+
+    log(f"start {run.run_id} pid={os.getpid()} kind={_STATE['kind']} threads={_STATE['threads']}")
+    curves: list[dict[str, Any]] = []
+    try:
+        from experiments.data import load
+        from experiments.train import RssSampler
+
+        with RssSampler() as rss:
+            data = load(run.dataset)
+            if run.implementation.name == "tfmot":
+                from experiments.tfmot_baseline import train_tfmot
+
+                out = train_tfmot(run, data, run_dir, log)
+            else:
+                from experiments.implementations import train_keras3
+
+                out = train_keras3(run, data, run_dir, log)
+        report = out["report"]
+        report.to_csv(run_dir / "sparsity_report.csv", index=False)
+        nnz, size = int(report["nnz"].sum()), int(report["size"].sum())
+        total = time.perf_counter() - t_start
+        metrics = dict(
+            status="ok",
+            error="",
+            test_accuracy=out["final"]["test_accuracy"],
+            test_loss=out["final"]["test_loss"],
+            train_accuracy=out["final"]["train_accuracy"],
+            train_loss=out["final"]["train_loss"],
+            sparsity=1.0 - nnz / size if size else 0.0,
+            nnz=nnz,
+            size=size,
+            dense_flops=float(report["dense_flops"].sum()),
+            nonzero_flops=float(report["nonzero_flops"].sum()),
+            model_bytes=out["model_bytes"],
+            checkpoint_bytes=out["checkpoint_bytes"],
+            layer_sparsity={f"{r.layer}/{r.weight}": round(float(r.sparsity), 6) for r in report.itertuples()},
+            step_time_ms=float(np.median(out["step_times"]) * 1000.0) if out["step_times"] else float("nan"),
+            timed_steps=len(out["step_times"]),
+            latency_b1_ms=out["latency_b1_ms"],
+            latency_b256_ms=out["latency_b256_ms"],
+            peak_rss_mb=rss.peak / 2**20,
+            startup_seconds=startup,
+            fit_seconds=out["fit_seconds"],
+            eval_seconds=out["eval_seconds"],
+            total_seconds=total,
+            overhead_seconds=startup + total - out["fit_seconds"] - out["eval_seconds"],
+            keras_impl=out["keras_impl"],
+        )
+        curves = [dict(run_id=run.run_id, epoch=e, metric=m, value=v) for e, m, v in out["curves"]]
+        log(f"done test_accuracy={metrics['test_accuracy']:.4f} sparsity={metrics['sparsity']:.4f}")
+    except Exception as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
+        error = f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
+        log("FAILED " + error + "\n" + traceback.format_exc())
+        total = time.perf_counter() - t_start
+        metrics = dict(_failed_metrics(error), startup_seconds=startup, total_seconds=total)
+    finally:
+        log_fh.close()
+    row = {**cols, **prov, **metrics, "ended_at": _now()}
+    record = {"row": row, "curves": curves}
+    atomic_write(done, json.dumps(record, sort_keys=True, default=_json_default) + "\n")
+    return json.loads(done.read_text())
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    raise TypeError(f"not JSON serialisable: {value!r}")
+
+
+def run_task(run_data: dict[str, Any], run_dir: str, context: dict[str, Any], threads: int = 1) -> dict[str, Any]:
+    """Entry point for pool and Dask workers: plain data in, ``{"row", "curves"}`` out.
+
+    Initialises the process on first use (a Dask worker) as a ``keras3``
+    process. A tfmot run in a process that is not ``legacy`` goes to a fresh
+    ``python -m experiments.tfmot_baseline`` subprocess.
+    """
+    run = from_dict(RunConfig, run_data)
+    if _STATE["kind"] is None:
+        init_process("keras3" if kind_of(run) == "keras3" else "legacy", threads)
+    if kind_of(run) == _STATE["kind"]:
+        return execute(run, Path(run_dir), context)
+    return _execute_in_subprocess(run, Path(run_dir), context, threads)
+
+
+def _execute_in_subprocess(run: RunConfig, run_dir: Path, context: dict[str, Any], threads: int) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = run_dir / ".task.json"
+    atomic_write(spec, json.dumps({"run": to_dict(run), "context": context}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_NUM_", "OMP_NUM"))}
+    env["TF_USE_LEGACY_KERAS"] = "1"
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.tfmot_baseline", str(spec), str(run_dir), str(threads)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    done = result_path(run_dir)
+    if done.exists():
+        record = json.loads(done.read_text())
+        return record
+    error = f"tfmot subprocess exited with {proc.returncode}: {proc.stderr.strip()[-400:]}".replace("\n", " ")
+    cols = config_columns(run, context.get("sweep", ""))
+    row = {**cols, **provenance.versions(), "status": "failed", "error": error, "total_seconds": time.time() - t0}
+    record = {"row": row, "curves": []}
+    atomic_write(done, json.dumps(record, sort_keys=True) + "\n")
+    return record

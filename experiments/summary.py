@@ -1,0 +1,70 @@
+"""The end-of-sweep summary: accuracy and speed by implementation x sparsity, mean +- std over seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["summarize", "overhead", "format_summary"]
+
+_METRICS = {
+    "test_accuracy": "accuracy",
+    "sparsity": "achieved sparsity",
+    "step_time_ms": "step ms",
+    "latency_b1_ms": "latency b1 ms",
+    "latency_b256_ms": "latency b256 ms",
+}
+
+
+def _label(df: pd.DataFrame) -> pd.Series:
+    matmul = df["matmul"].fillna("").astype(str)
+    return df["implementation"].where(matmul.isin(["", "auto"]), df["implementation"] + "-" + matmul)
+
+
+def summarize(runs: pd.DataFrame) -> pd.DataFrame:
+    """Numeric summary of the ok runs of ``runs.csv``.
+
+    Returns:
+        One row per (dataset, model, implementation, target_sparsity) with
+        ``<metric>_mean``, ``<metric>_std`` for each metric and ``seeds``.
+    """
+    ok = runs[runs["status"] == "ok"].copy()
+    if ok.empty:
+        return pd.DataFrame()
+    ok["implementation"] = _label(ok)
+    keys = ["dataset", "model", "implementation", "target_sparsity"]
+    agg = ok.groupby(keys)[list(_METRICS)].agg(["mean", "std"])
+    agg.columns = [f"{m}_{s}" for m, s in agg.columns]
+    agg["seeds"] = ok.groupby(keys)["seed"].nunique()
+    return agg.reset_index()
+
+
+def format_summary(summary: pd.DataFrame) -> str:
+    """``mean ± std`` text table of :func:`summarize`."""
+    if summary.empty:
+        return "(no finished runs)"
+    out = summary[["dataset", "model", "implementation", "target_sparsity"]].copy()
+    for metric, title in _METRICS.items():
+        digits = 4 if metric in ("test_accuracy", "sparsity") else 3
+        mean, std = summary[f"{metric}_mean"], summary[f"{metric}_std"].fillna(0.0)
+        out[title] = [f"{m:.{digits}f} ± {s:.{digits}f}" if np.isfinite(m) else "n/a" for m, s in zip(mean, std)]
+    out["seeds"] = summary["seeds"]
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
+        return out.to_string(index=False)
+
+
+def overhead(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean per-run overhead by implementation: seconds a run costs beyond fit and evaluate.
+
+    ``startup_seconds`` (process spawn and imports) is charged to the first run
+    of each worker process; ``overhead_seconds`` adds data loading, model
+    building, latency measurement and writing outputs.
+    """
+    ok = runs[runs["status"] == "ok"].copy()
+    if ok.empty:
+        return pd.DataFrame()
+    ok["implementation"] = _label(ok)
+    cols = ["startup_seconds", "overhead_seconds", "fit_seconds", "total_seconds"]
+    table = ok.groupby("implementation")[cols].mean()
+    table["runs"] = ok.groupby("implementation").size()
+    return table

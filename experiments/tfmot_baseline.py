@@ -1,0 +1,130 @@
+"""The tfmot baseline: tfmot's ``prune_low_magnitude`` on the same architecture, under tf-keras.
+
+tfmot 0.8.1 refuses Keras 3 models, and importing it sets
+``TF_USE_LEGACY_KERAS=1`` for the whole process. So this module runs only in a
+process of its own that set ``TF_USE_LEGACY_KERAS=1`` before TensorFlow was
+imported: a "legacy" worker of the local pool, or a subprocess started per run
+(``python -m experiments.tfmot_baseline RUN_JSON RUN_DIR``, used under Dask,
+whose workers already hold Keras 3). The runner's main process never imports
+this module's dependencies; it reads tfmot's version with importlib.metadata.
+
+Same as the Keras 3 implementations: data, data order, initial weights (numpy),
+optimizer, schedule numbers in steps, the loop and its measurements
+(:mod:`experiments.train`). What differs is listed in
+:mod:`experiments.implementations`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from experiments.config import RunConfig
+from experiments.data import Data
+from experiments.models import build, initial_weights, layer_positions
+from experiments.train import latency_ms, make_optimizer, steps_per_epoch, train, weight_report
+
+__all__ = ["ensure_legacy_keras", "train_tfmot", "tfmot_schedule", "main"]
+
+
+def ensure_legacy_keras() -> None:
+    """Set ``TF_USE_LEGACY_KERAS=1``; fail if TensorFlow was already imported without it.
+
+    Raises:
+        RuntimeError: this process already imported TensorFlow with Keras 3.
+    """
+    if "tensorflow" in sys.modules and os.environ.get("TF_USE_LEGACY_KERAS") != "1":
+        raise RuntimeError(
+            "the tfmot baseline must run in its own process with TF_USE_LEGACY_KERAS=1 set before TensorFlow "
+            "is imported; this process already imported TensorFlow with Keras 3"
+        )
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+
+def tfmot_schedule(run: RunConfig, spe: int, tfmot: Any) -> Any:
+    """tfmot's schedule with the numbers of :func:`experiments.implementations.schedule_args`."""
+    from experiments.implementations import schedule_args
+
+    name, args = schedule_args(run, spe)
+    sk = tfmot.sparsity.keras
+    if name == "OneShot":  # tfmot has no one-shot schedule: a constant schedule active for one step
+        return sk.ConstantSparsity(args["sparsity"], begin_step=args["step"], end_step=args["step"], frequency=1)
+    return getattr(sk, name)(**args)
+
+
+def train_tfmot(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Train ``run`` with tfmot under tf-keras; same return value as :func:`experiments.implementations.train_keras3`."""
+    ensure_legacy_keras()
+    import tensorflow as tf
+    import tensorflow_model_optimization as tfmot
+    import tf_keras
+
+    tf_keras.backend.clear_session()
+    tf_keras.utils.set_random_seed(run.seed)
+    tf.config.experimental.enable_op_determinism()
+
+    plain = build(run.model, data.input_shape, data.n_classes, tf_keras)
+    plain.set_weights(initial_weights(plain, run.seed))
+    positions = layer_positions(plain)
+    spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
+    model = tfmot.sparsity.keras.prune_low_magnitude(plain, pruning_schedule=tfmot_schedule(run, spe, tfmot))
+
+    def compile_model(m: Any) -> None:
+        m.compile(make_optimizer(run.training, tf_keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+    compile_model(model)
+    result = train(model, data, run, tf_keras, [tfmot.sparsity.keras.UpdatePruningStep()], log, compile_model)
+    stripped = tfmot.sparsity.keras.strip_pruning(model)
+    report = weight_report(
+        [
+            (layer.name, "kernel", np.asarray(layer.kernel.numpy()), positions.get(layer.name, 1.0), "pruned")
+            for layer in stripped.layers
+            if hasattr(layer, "kernel")
+        ]
+    )
+    predict = tf.function(lambda x: stripped(x, training=False), reduce_retracing=True)
+    lat1 = latency_ms(predict, data.x_test, 1)
+    lat256 = latency_ms(predict, data.x_test, 256)
+    ckpt = run_dir / "checkpoint.weights.h5"
+    model.save_weights(str(ckpt))  # the wrapped model: weights, masks, thresholds and step
+    return dict(
+        final=result.final,
+        curves=result.curves,
+        step_times=result.step_times,
+        fit_seconds=result.fit_seconds,
+        eval_seconds=result.eval_seconds,
+        report=report,
+        model_bytes=int(sum(w.nbytes for w in stripped.get_weights())),
+        checkpoint_bytes=ckpt.stat().st_size,
+        latency_b1_ms=lat1,
+        latency_b256_ms=lat256,
+        keras_impl="tf_keras",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.tfmot_baseline RUN_JSON RUN_DIR [THREADS]``: one run, result in RUN_DIR/result.json."""
+    ensure_legacy_keras()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) not in (2, 3):
+        print("usage: python -m experiments.tfmot_baseline RUN_JSON RUN_DIR [THREADS]", file=sys.stderr)
+        return 2
+    import json
+
+    from experiments import run_one
+    from experiments.config import RunConfig, from_dict
+
+    payload = json.loads(Path(args[0]).read_text())
+    run = from_dict(RunConfig, payload["run"])
+    threads = int(args[2]) if len(args) == 3 else 1
+    run_one.init_process("legacy", threads)
+    run_one.execute(run, Path(args[1]), payload.get("context", {}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""The training and measuring loop shared by every implementation.
+
+Nothing here imports Keras or TensorFlow at module level: the Keras module is
+passed in, so the same loop drives Keras 3 (dense, masked, sparse_tensor) and
+tf-keras (the tfmot baseline in its own process). That keeps the data order,
+the optimizer, the measurements and the curves identical across
+implementations by construction.
+
+* Data order: one numpy permutation per epoch from the run seed; ``fit`` is
+  called with ``shuffle=False`` on the permuted arrays (one ``fit`` call per
+  epoch, or per segment of an epoch when a model must be swapped mid-epoch).
+* Step time: the interval between consecutive ``on_train_batch_end`` calls,
+  which includes the pruning callback's mask updates (part of the real cost of
+  training a pruned model); the first step of every ``fit`` call and the first
+  :data:`WARMUP_STEPS` steps of the run (tracing, allocation) are excluded.
+* Latency: a ``tf.function`` around the deployed model's forward pass, warmed up,
+  then the median over repeats, at batch 1 and 256.
+* Peak memory: the largest resident set size sampled every 20 ms during the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import resource
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from experiments.config import RunConfig, TrainingConfig
+
+__all__ = [
+    "WARMUP_STEPS",
+    "TrainResult",
+    "make_optimizer",
+    "train",
+    "latency_ms",
+    "RssSampler",
+    "weight_report",
+    "REPORT_COLUMNS",
+    "steps_per_epoch",
+]
+
+WARMUP_STEPS = 5
+LATENCY_REPEATS = {1: 50, 256: 10}
+# Same columns as prune.sparsity_report, so per-run reports of every implementation line up.
+REPORT_COLUMNS = [
+    "layer",
+    "weight",
+    "shape",
+    "nnz",
+    "size",
+    "sparsity",
+    "dense_flops",
+    "nonzero_flops",
+    "dense_bytes",
+    "status",
+]
+
+
+def steps_per_epoch(n_train: int, batch_size: int) -> int:
+    """Number of optimizer steps per epoch (the last batch may be short)."""
+    return max(1, math.ceil(n_train / batch_size))
+
+
+def make_optimizer(config: TrainingConfig, keras: Any) -> Any:
+    """The optimizer named in ``config``, from the given Keras module."""
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(config.learning_rate)
+    if config.optimizer == "momentum":
+        return keras.optimizers.SGD(config.learning_rate, momentum=0.9)
+    return keras.optimizers.SGD(config.learning_rate)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What the loop measured.
+
+    Attributes:
+        curves: Long-format rows ``(epoch, metric, value)``.
+        step_times: Timed step durations in seconds (warm-up excluded).
+        fit_seconds: Wall time inside ``fit``.
+        eval_seconds: Wall time of the per-epoch test evaluations.
+        final: Last epoch's ``train_loss, train_accuracy, test_loss, test_accuracy``.
+        model: The model at the end (hooks may have replaced the initial one).
+    """
+
+    curves: list[tuple[int, str, float]]
+    step_times: list[float]
+    fit_seconds: float
+    eval_seconds: float
+    final: dict[str, float]
+    model: Any
+
+
+def _timer(keras: Any, sink: list[float], skip: list[int]) -> Any:
+    class StepTimer(keras.callbacks.Callback):
+        """Times consecutive batch ends inside one fit call."""
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self._last = None
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            now = time.perf_counter()
+            if self._last is not None:
+                if skip[0] > 0:
+                    skip[0] -= 1
+                else:
+                    sink.append(now - self._last)
+            self._last = now
+
+    return StepTimer()
+
+
+def train(
+    model: Any,
+    data: Any,
+    run: RunConfig,
+    keras: Any,
+    callbacks: list[Any],
+    log: Callable[[str], None],
+    compile_fn: Callable[[Any], None],
+    boundaries: list[int] | None = None,
+    at_boundary: Callable[[int, Any], tuple[Any, list[Any]]] | None = None,
+) -> TrainResult:
+    """Train ``model`` for ``run.training.epochs`` epochs and record curves and step times.
+
+    Args:
+        model: A compiled model.
+        data: :class:`experiments.data.Data`.
+        run: The run (seed, training settings).
+        keras: The Keras module the model belongs to.
+        callbacks: Extra ``fit`` callbacks (the pruning step callback).
+        log: Writes one line to the run's log.
+        compile_fn: Compiles a model in place (used after a hook swaps it).
+        boundaries: Global steps before which ``at_boundary`` is called; an
+            epoch is split into several ``fit`` calls there.
+        at_boundary: ``(step, model) -> (model, callbacks)``: may return a new
+            (compiled) model to continue with.
+    """
+    cfg = run.training
+    rng = np.random.default_rng([run.seed, 99])
+    n = len(data.x_train)
+    spe = steps_per_epoch(n, cfg.batch_size)
+    cuts = sorted(set(boundaries or []))
+    step_times: list[float] = []
+    skip = [WARMUP_STEPS]
+    timer = _timer(keras, step_times, skip)
+    curves: list[tuple[int, str, float]] = []
+    fit_s = eval_s = 0.0
+    final: dict[str, float] = {}
+    for epoch in range(cfg.epochs):
+        order = rng.permutation(n)
+        x, y = data.x_train[order], data.y_train[order]
+        first = epoch * spe
+        starts = [0] + [c - first for c in cuts if first < c < first + spe] + [spe]
+        losses, accs, weights = [], [], []
+        for a, b in zip(starts[:-1], starts[1:]):
+            if at_boundary is not None and (first + a) in cuts:
+                model, callbacks = at_boundary(first + a, model)
+            xs, ys = x[a * cfg.batch_size : b * cfg.batch_size], y[a * cfg.batch_size : b * cfg.batch_size]
+            t0 = time.perf_counter()
+            hist = model.fit(
+                xs, ys, batch_size=cfg.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[*callbacks, timer]
+            )
+            fit_s += time.perf_counter() - t0
+            losses.append(float(hist.history["loss"][-1]))
+            accs.append(float(hist.history["accuracy"][-1]))
+            weights.append(len(xs))
+        t0 = time.perf_counter()
+        test_loss, test_acc = model.evaluate(data.x_test, data.y_test, batch_size=512, verbose=0)
+        eval_s += time.perf_counter() - t0
+        final = {
+            "train_loss": float(np.average(losses, weights=weights)),
+            "train_accuracy": float(np.average(accs, weights=weights)),
+            "test_loss": float(test_loss),
+            "test_accuracy": float(test_acc),
+        }
+        curves += [(epoch + 1, k, v) for k, v in final.items()]
+        log(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(f"{k}={v:.4f}" for k, v in final.items()))
+    return TrainResult(curves, step_times, fit_s, eval_s, final, model)
+
+
+def latency_ms(predict: Callable[[Any], Any], x: np.ndarray, batch: int) -> float:
+    """Median milliseconds of ``predict`` on ``batch`` examples (after warm-up)."""
+    import tensorflow as tf
+
+    idx = np.arange(batch) % len(x)
+    xb = tf.constant(x[idx])
+    for _ in range(3):
+        np.asarray(predict(xb))
+    times = []
+    for _ in range(LATENCY_REPEATS.get(batch, 10)):
+        t0 = time.perf_counter()
+        np.asarray(predict(xb))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1000.0)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class RssSampler:
+    """Samples this process's resident set size in a thread; ``peak`` is the maximum seen.
+
+    A reused worker process keeps memory from earlier runs, so the peak is that
+    of the process during this run, not of this run alone.
+    """
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.peak = _rss_bytes()
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak = max(self.peak, _rss_bytes())
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+
+def weight_report(entries: list[tuple[str, str, np.ndarray, float, str]]) -> pd.DataFrame:
+    """Per-weight sparsity rows with :data:`REPORT_COLUMNS` (the columns of ``prune.sparsity_report``).
+
+    Args:
+        entries: ``(layer, weight, dense array, applications per example, status)``.
+    """
+    rows = []
+    for layer, name, value, positions, status in entries:
+        value = np.asarray(value)
+        nnz = int(np.count_nonzero(value))
+        rows.append(
+            dict(
+                layer=layer,
+                weight=name,
+                shape=tuple(int(d) for d in value.shape),
+                nnz=nnz,
+                size=int(value.size),
+                sparsity=1.0 - nnz / value.size if value.size else 0.0,
+                dense_flops=2.0 * value.size * positions,
+                nonzero_flops=2.0 * nnz * positions,
+                dense_bytes=int(value.nbytes),
+                status=status,
+            )
+        )
+    return pd.DataFrame(rows, columns=REPORT_COLUMNS)
+
+
+def configure_threads(intra: int, inter: int = 1) -> tuple[int, int]:
+    """Set TensorFlow's thread pools (before TF runs any op) and return what is in force."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(intra))
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:
+        pass  # context already initialised (a reused process): keep what it has
+    return tf.config.threading.get_intra_op_parallelism_threads(), tf.config.threading.get_inter_op_parallelism_threads()
