@@ -530,8 +530,9 @@ class LazyAdam(keras.optimizers.Adam):
         m, v = _read(self._momentums[index]), _read(self._velocities[index])
         var = _read(variable)
         m_rows, v_rows = tf.gather(m, rows), tf.gather(v, rows)
-        m_rows = m_rows + (g - m_rows) * (1 - beta_1)
-        v_rows = v_rows + (tf.square(g) - v_rows) * (1 - beta_2)
+        # Same constants and operation order as keras Adam (1 - beta in Python, then cast).
+        m_rows = m_rows + (g - m_rows) * tf.cast(1 - self.beta_1, dtype)
+        v_rows = v_rows + (tf.square(g) - v_rows) * tf.cast(1 - self.beta_2, dtype)
         m.scatter_update(tf.IndexedSlices(m_rows, rows))
         v.scatter_update(tf.IndexedSlices(v_rows, rows))
         if self.amsgrad:
