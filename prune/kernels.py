@@ -1,0 +1,377 @@
+"""Sparse-times-dense matrix products with hand-written gradients.
+
+Everything here computes ``y = x @ W`` for a dense batch ``x`` of shape
+``[batch, n_in]`` and a sparse weight ``W`` of shape ``[n_in, n_out]`` given as
+COO ``indices`` (``[nnz, 2]``, row-major sorted) and ``values`` (``[nnz]``),
+and returns gradients with respect to ``x`` and ``values`` (never a dense
+``[n_in, n_out]`` gradient).
+
+Forward and input-gradient kernels (``matmul=``):
+
+* ``"coo"``: ``tf.sparse.sparse_dense_matmul`` (TF's COO kernel, one thread).
+  ``x @ W`` is computed as ``(W^T @ x^T)^T`` with ``W^T`` given by the same
+  values and the index columns swapped (the COO kernel does not need sorted
+  indices, so no permutation is needed); ``dx = (W @ dy^T)^T`` uses ``W``
+  directly.
+* ``"csr"``: ``tf.raw_ops.SparseTensorToCSRSparseMatrix`` then
+  ``tf.raw_ops.SparseMatrixMatMul`` (multithreaded). CSR needs row-sorted
+  indices, so the forward product ``(W^T @ x^T)^T`` needs ``W^T`` in row-major
+  order: a permutation ``transpose_perm`` of the entries and the swapped,
+  sorted ``transpose_indices``. :func:`transpose_structure` computes them once
+  on the host when the sparsity structure changes (``SparseDense`` keeps them
+  in variables); without them they are computed in the graph with an argsort.
+  ``dx = (W @ dy^T)^T`` uses the natural row-major ``W``. Explicit transposes
+  of the dense operand were measured faster on this machine than the
+  ``transpose_b``/``transpose_output``/``adjoint_a`` flags of
+  ``SparseMatrixMatMul`` (e.g. batch 1, 90% sparse: 0.28 ms vs 1.5 ms; with
+  ``adjoint_a`` on ``CSR(W)`` the op transposes the matrix internally, about
+  1 ms more at 100k entries).
+* ``"dense"``: materialise ``W`` with ``SparseToDense`` (the fastest of
+  ``scatter_nd``, ``unsorted_segment_sum`` and ``SparseToDense`` here, 2.8 ms
+  for 1M entries) and call the dense ``matmul``; best at low sparsity.
+* ``"auto"``: picks one of the three *at run time* from the cost model in
+  :func:`estimate_ms` (batch and ``nnz`` may be unknown when the graph is
+  traced: a ``SparseDense`` shrinks its values in place), via
+  ``tf.switch_case``. The backward pass chooses its input-gradient kernel the
+  same way.
+
+Gradient with respect to ``values`` (``dW[i, j] = sum_b x[b, i] dy[b, j]`` at
+the stored ``(i, j)`` only). TF's own COO gradient materialises an
+``[nnz, batch]`` product; here one of two rules applies:
+
+* ``"dense"`` rule, at moderate density: ``gather_nd(x^T @ dy, indices)``.
+  One ``[n_in, n_out]`` temporary, but the product runs in the multithreaded
+  BLAS at ~0.015 ns per multiply-add, ~100x cheaper per term than a gather.
+* ``"sampled"`` rule, at very high sparsity (or batch 1): gather the needed
+  rows of ``x^T`` and ``dy^T`` and reduce over the batch (a sampled
+  dense-dense product, SDDMM), in chunks of at most ``_SAMPLED_CHUNK_ELEMENTS``
+  products, so the ``[nnz, batch]`` intermediate is never whole. Its cost is
+  ``~nnz * batch`` gathered terms, which beats the dense rule only when the
+  density is below roughly 1-2% at batch 256 (measured crossover), and almost
+  always at batch 1.
+
+:func:`values_grad_rule` evaluates the same cost model to choose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = [
+    "MATMULS",
+    "KERNELS",
+    "check_matmul",
+    "check_structure",
+    "transpose_structure",
+    "estimate_ms",
+    "choose_matmul",
+    "values_grad_rule",
+    "sparse_matmul",
+    "sampled_values_grad",
+]
+
+KERNELS = ("dense", "coo", "csr")
+"""Concrete kernels, in the order of the ``tf.switch_case`` branches."""
+
+MATMULS = ("auto",) + KERNELS
+"""Valid values of the ``matmul`` argument."""
+
+_SAMPLED_CHUNK_ELEMENTS = 1 << 21  # 2M products (8 MB per float32 operand) per chunk
+
+# Cost model, in nanoseconds, fitted to medians measured by
+# benchmarks/layer_speed.py on the 2-core reference machine (TF intra-op
+# threads = 2). Each kernel's time is
+#     fixed + per_nnz * nnz + per_term * nnz * batch + per_cell * n_in * n_out + per_mac * n_in * n_out * batch
+# "per_cell" is the cost of touching the dense [n_in, n_out] matrix once
+# (materialising it; reading it in a batch-1 matvec), "per_mac" the BLAS cost
+# of one multiply-add. CSR pays a format conversion per call (per_nnz) but
+# multiplies on every core; COO converts nothing but runs on one thread.
+_COST = {
+    #           fixed    per_nnz per_term per_cell per_mac
+    "dense": (20_000.0, 2.0, 0.0, 1.2, 0.0150),
+    "coo": (10_000.0, 1.0, 1.45, 0.0, 0.0),
+    "csr": (40_000.0, 10.0, 0.10, 0.0, 0.0),
+}
+# Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
+# gathers and a multiply-reduce per (entry, batch) term.
+_GRAD_COST = {
+    #             fixed   per_nnz per_term per_cell per_mac
+    "dense": (20_000.0, 4.0, 0.0, 0.4, 0.0150),
+    "sampled": (60_000.0, 8.0, 1.2, 0.0, 0.0),
+}
+
+
+def check_matmul(matmul: Any) -> str:
+    """Validate a ``matmul`` argument.
+
+    Raises:
+        ValueError: naming the value and listing the valid ones.
+    """
+    if not isinstance(matmul, str) or matmul not in MATMULS:
+        raise ValueError(f"matmul must be one of {list(MATMULS)}, got {matmul!r}")
+    return matmul
+
+
+def check_structure(
+    indices: Any, values: Any, dense_shape: tuple[int, int], name: str = "indices"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate COO ``indices``/``values`` on the host and sort them row-major.
+
+    Args:
+        indices: Integer array ``[nnz, 2]``.
+        values: Array ``[nnz]``, in the order of ``indices``.
+        dense_shape: ``(n_in, n_out)``.
+        name: Name of the indices argument, used in error messages.
+
+    Returns:
+        ``(indices, values)`` as int64 / original dtype, sorted row-major (a
+        stable sort: unsorted input is sorted, not rejected).
+
+    Raises:
+        ValueError: wrong shapes, length mismatch, out-of-range or duplicate
+            indices; the message names the argument and the offending value.
+    """
+    n_in, n_out = (int(d) for d in dense_shape)
+    idx = np.asarray(indices)
+    vals = np.asarray(values)
+    if idx.size == 0:
+        idx = idx.reshape(0, 2)
+    if idx.ndim != 2 or idx.shape[1] != 2:
+        raise ValueError(f"{name} must have shape [nnz, 2], got shape {tuple(idx.shape)}")
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"{name} must be integers, got dtype {idx.dtype}")
+    if vals.ndim != 1 or vals.shape[0] != idx.shape[0]:
+        raise ValueError(
+            f"values must have shape [nnz] matching {name}: {name} has {idx.shape[0]} entries, "
+            f"values has shape {tuple(vals.shape)}"
+        )
+    idx = idx.astype(np.int64)
+    bad = (idx[:, 0] < 0) | (idx[:, 0] >= n_in) | (idx[:, 1] < 0) | (idx[:, 1] >= n_out)
+    if bad.any():
+        first = idx[np.argmax(bad)].tolist()
+        raise ValueError(f"{name} entry {first} is out of range for dense_shape {(n_in, n_out)}")
+    linear = idx[:, 0] * n_out + idx[:, 1]
+    order = np.argsort(linear, kind="stable")
+    linear = linear[order]
+    dup = np.flatnonzero(linear[1:] == linear[:-1])
+    if dup.size:
+        first = idx[order[dup[0]]].tolist()
+        raise ValueError(f"{name} has duplicate entry {first}")
+    return idx[order], vals[order]
+
+
+def transpose_structure(indices: np.ndarray, dense_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Entries of ``W^T`` in row-major order.
+
+    Args:
+        indices: Row-major sorted ``[nnz, 2]`` indices of ``W`` (``[n_in, n_out]``).
+        dense_shape: ``(n_in, n_out)``.
+
+    Returns:
+        ``(perm, transpose_indices)``: ``values[perm]`` are the values of
+        ``W^T`` (``[n_out, n_in]``) in row-major order, at ``transpose_indices``.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1, 2)
+    n_in = int(dense_shape[0])
+    perm = np.argsort(idx[:, 1] * n_in + idx[:, 0], kind="stable").astype(np.int64)
+    return perm, idx[perm][:, ::-1].copy()
+
+
+def _terms(nnz: Any, batch: Any, n_in: int, n_out: int) -> tuple[Any, ...]:
+    cells = float(n_in) * float(n_out)
+    return 1.0, nnz, nnz * batch, cells, cells * batch
+
+
+def estimate_ms(kernel: str, batch: int, n_in: int, n_out: int, nnz: int) -> float:
+    """Modelled forward time (ms) of ``kernel`` on this machine class.
+
+    The model is linear in five terms (see ``_COST``): a fixed overhead, work
+    per stored entry (format conversion), per stored entry and batch row
+    (sparse kernels), per dense cell (materialising ``W``) and per dense
+    multiply-add (BLAS). The constants are medians fitted by
+    ``benchmarks/layer_speed.py``; refit them on other hardware.
+    """
+    coeffs = _COST[kernel] if kernel in _COST else _GRAD_COST[kernel.removeprefix("grad_")]
+    terms = _terms(float(nnz), float(batch), n_in, n_out)
+    return float(sum(c * t for c, t in zip(coeffs, terms))) * 1e-6
+
+
+def choose_matmul(batch: int, n_in: int, n_out: int, nnz: int) -> str:
+    """The kernel ``"auto"`` runs for these sizes (host-side version of the run-time choice)."""
+    return min(KERNELS, key=lambda k: estimate_ms(k, batch, n_in, n_out, nnz))
+
+
+def values_grad_rule(batch: int, n_in: int, n_out: int, nnz: int) -> str:
+    """``"dense"`` or ``"sampled"``: which values-gradient rule applies (see module docstring)."""
+    return min(("dense", "sampled"), key=lambda k: estimate_ms("grad_" + k, batch, n_in, n_out, nnz))
+
+
+def _argmin_branch(table: dict[str, tuple[float, ...]], names: tuple[str, ...], nnz: Any, batch: Any, n_in: int, n_out: int) -> Any:
+    """Index into ``names`` of the cheapest modelled option, as an int32 scalar tensor."""
+    terms = _terms(tf.cast(nnz, tf.float64), tf.cast(batch, tf.float64), n_in, n_out)
+    costs = tf.stack([sum(c * t for c, t in zip(table[n], terms)) for n in names])
+    return tf.cast(tf.argmin(costs), tf.int32)
+
+
+# -- kernels -----------------------------------------------------------------
+def _dense_w(values: tf.Tensor, indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    return tf.sparse.to_dense(tf.SparseTensor(indices, values, [n_in, n_out]), validate_indices=False)
+
+
+def _coo_xw(x: tf.Tensor, values: tf.Tensor, indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    w_t = tf.SparseTensor(tf.reverse(indices, axis=[1]), values, [n_out, n_in])  # COO needs no order
+    return tf.transpose(tf.sparse.sparse_dense_matmul(w_t, x, adjoint_b=True))
+
+
+def _coo_dyWt(dy: tf.Tensor, values: tf.Tensor, indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    w = tf.SparseTensor(indices, values, [n_in, n_out])
+    return tf.transpose(tf.sparse.sparse_dense_matmul(w, dy, adjoint_b=True))
+
+
+def _csr_times(a_indices: tf.Tensor, a_values: tf.Tensor, shape: tuple[int, int], b: tf.Tensor) -> tf.Tensor:
+    """``(A @ b^T)^T`` for ``A`` given by row-major sorted COO, via CSR."""
+    csr = tf.raw_ops.SparseTensorToCSRSparseMatrix(
+        indices=a_indices, values=a_values, dense_shape=tf.constant(shape, tf.int64)
+    )
+    out = tf.raw_ops.SparseMatrixMatMul(a=csr, b=tf.transpose(b))
+    out = tf.ensure_shape(out, [shape[0], None])  # the variant input hides the static shape
+    return tf.transpose(out)
+
+
+def _forward(kernel: str, x: tf.Tensor, values: tf.Tensor, indices: tf.Tensor, t_perm: tf.Tensor, t_indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    if kernel == "dense":
+        return tf.matmul(x, _dense_w(values, indices, n_in, n_out))
+    if kernel == "coo":
+        return _coo_xw(x, values, indices, n_in, n_out)
+    return _csr_times(t_indices, tf.gather(values, t_perm), (n_out, n_in), x)
+
+
+def _input_grad(kernel: str, dy: tf.Tensor, values: tf.Tensor, indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    if kernel == "dense":
+        return tf.matmul(dy, _dense_w(values, indices, n_in, n_out), transpose_b=True)
+    if kernel == "coo":
+        return _coo_dyWt(dy, values, indices, n_in, n_out)
+    return _csr_times(indices, values, (n_in, n_out), dy)
+
+
+def _dense_values_grad(x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:
+    return tf.gather_nd(tf.matmul(x, dy, transpose_a=True), indices)
+
+
+def sampled_values_grad(x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor, chunk_elements: int = _SAMPLED_CHUNK_ELEMENTS) -> tf.Tensor:
+    """``sum_b x[b, i_k] * dy[b, j_k]`` for every stored entry ``k`` (SDDMM).
+
+    Works in chunks of ``max(1, chunk_elements // batch)`` entries, so at most
+    ``chunk_elements`` products exist at once, never the whole ``[nnz, batch]``.
+
+    Args:
+        x: ``[batch, n_in]`` layer input.
+        dy: ``[batch, n_out]`` upstream gradient.
+        indices: ``[nnz, 2]`` int64 entries.
+        chunk_elements: Upper bound on the size of the temporary products.
+    """
+    x_t = tf.transpose(x)
+    dy_t = tf.transpose(dy)
+    batch = tf.maximum(tf.shape(x, out_type=tf.int64)[0], 1)
+    chunk = tf.maximum(tf.constant(chunk_elements, tf.int64) // batch, 1)
+    nnz = tf.shape(indices, out_type=tf.int64)[0]
+    n_chunks = (nnz + chunk - 1) // chunk
+    pad = n_chunks * chunk - nnz
+    padded = tf.pad(indices, [[0, pad], [0, 0]])  # padding points at entry (0, 0): harmless, cut below
+    rows = tf.reshape(padded[:, 0], [n_chunks, chunk])
+    cols = tf.reshape(padded[:, 1], [n_chunks, chunk])
+
+    def one(rc: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        return tf.reduce_sum(tf.gather(x_t, rc[0]) * tf.gather(dy_t, rc[1]), axis=1)
+
+    out = tf.map_fn(one, (rows, cols), fn_output_signature=x.dtype, parallel_iterations=1)
+    return tf.reshape(out, [-1])[:nnz]
+
+
+def _values_grad(rule: str, x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:
+    if rule == "dense":
+        return _dense_values_grad(x, dy, indices)
+    return sampled_values_grad(x, dy, indices)
+
+
+def _dispatch(kernel: str, table: dict, names: tuple[str, ...], make: Any, nnz: Any, batch: Any, n_in: int, n_out: int) -> tf.Tensor:
+    if kernel != "auto":
+        return make(kernel)
+    index = _argmin_branch(table, names, nnz, batch, n_in, n_out)
+    return tf.switch_case(index, [lambda k=k: make(k) for k in names])
+
+
+def sparse_matmul(
+    x: Any,
+    values: Any,
+    indices: Any,
+    dense_shape: tuple[int, int],
+    matmul: str = "auto",
+    transpose_perm: Any = None,
+    transpose_indices: Any = None,
+    values_grad: str = "auto",
+) -> tf.Tensor:
+    """``x @ W`` with ``W = SparseTensor(indices, values, dense_shape)``, differentiable in ``x`` and ``values``.
+
+    Args:
+        x: ``[batch, n_in]`` float tensor.
+        values: ``[nnz]`` tensor (e.g. a variable's value), in the order of ``indices``.
+        indices: ``[nnz, 2]`` int64, row-major sorted, unique, in range (see
+            :func:`check_structure`; not re-checked here, inside the graph).
+        dense_shape: Static ``(n_in, n_out)``.
+        matmul: ``"auto"``, ``"coo"``, ``"csr"`` or ``"dense"`` (module docstring).
+        transpose_perm: Optional ``[nnz]`` from :func:`transpose_structure`;
+            computed in the graph when omitted (only the CSR forward uses it).
+        transpose_indices: Optional ``[nnz, 2]`` from :func:`transpose_structure`.
+        values_grad: ``"auto"``, ``"dense"`` or ``"sampled"``: the rule for the
+            values gradient (module docstring).
+
+    Returns:
+        ``[batch, n_out]`` tensor.
+
+    Raises:
+        ValueError: unknown ``matmul`` or ``values_grad``.
+    """
+    check_matmul(matmul)
+    if values_grad not in ("auto", "dense", "sampled"):
+        raise ValueError(f"values_grad must be one of ['auto', 'dense', 'sampled'], got {values_grad!r}")
+    n_in, n_out = int(dense_shape[0]), int(dense_shape[1])
+    x = tf.convert_to_tensor(x)
+    values = tf.convert_to_tensor(values, dtype=x.dtype)
+    indices = tf.cast(tf.convert_to_tensor(indices), tf.int64)
+    if transpose_perm is None or transpose_indices is None:
+        transpose_perm = tf.argsort(indices[:, 1] * n_in + indices[:, 0], stable=True)
+        transpose_indices = tf.reverse(tf.gather(indices, transpose_perm), axis=[1])
+    transpose_perm = tf.convert_to_tensor(transpose_perm)
+    transpose_indices = tf.cast(tf.convert_to_tensor(transpose_indices), tf.int64)
+
+    @tf.custom_gradient
+    def _op(x: tf.Tensor, values: tf.Tensor) -> Any:
+        batch = tf.shape(x)[0]
+        nnz = tf.shape(values)[0]
+        y = _dispatch(
+            matmul, _COST, KERNELS,
+            lambda k: _forward(k, x, values, indices, transpose_perm, transpose_indices, n_in, n_out),
+            nnz, batch, n_in, n_out,
+        )
+        y = tf.ensure_shape(y, [x.shape[0], n_out])
+
+        def grad(dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            dx = _dispatch(
+                matmul, _COST, KERNELS, lambda k: _input_grad(k, dy, values, indices, n_in, n_out), nnz, batch, n_in, n_out
+            )
+            dv = _dispatch(
+                values_grad,
+                {"dense": _GRAD_COST["dense"], "sampled": _GRAD_COST["sampled"]},
+                ("dense", "sampled"),
+                lambda r: _values_grad(r, x, dy, indices),
+                nnz, batch, n_in, n_out,
+            )
+            return tf.ensure_shape(dx, x.shape), tf.ensure_shape(dv, values.shape)
+
+        return y, grad
+
+    return _op(x, values)
