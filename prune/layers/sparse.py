@@ -1,0 +1,478 @@
+"""``SparseDense``: a fully connected layer whose weight is stored sparse, and its pruning plumbing.
+
+The weight is ``tf.SparseTensor(indices, values, [n_in, n_out])``: ``values``
+is a trainable ``[nnz]`` variable, ``indices`` a non-trainable int64
+``[nnz, 2]`` variable beside it, row-major sorted, and ``values[k]`` belongs
+to ``indices[k]``. The product runs through :func:`prune.kernels.sparse_matmul`
+(``matmul="coo"|"csr"|"dense"|"auto"``), whose gradients reach ``values`` and
+the input only.
+
+Design decision: **the layer shrinks in place as it is pruned.** At each mask
+update (eager, between training steps) :meth:`SparseDense.compact` drops the
+pruned entries from ``values``, ``indices``, the transposed-structure helpers
+and the optimizer's slots, so parameter count and memory fall as sparsity
+rises. Keras variables have a fixed shape, and a compiled train step holds the
+resource handles it traced with, so:
+
+* the layer's own variables are Keras variables backed by ``tf.Variable``\\ s
+  whose first dimension is unknown (``TensorShape([None])``). Their *objects*
+  never change, only their contents, so a ``tf.function`` traced before a
+  compaction reads the new, shorter values without retracing, and the
+  optimizer (which keys its slots by variable identity) still knows them.
+  The Keras-side ``shape`` is updated to the current ``nnz``, so
+  ``count_params`` and saving report the truth.
+* the optimizer's slots are created by the optimizer with a static shape. At
+  the first compaction each slot's backing ``tf.Variable`` is replaced once by
+  an unknown-first-dimension one; a compiled train step traced before then
+  holds the old handles and must be retraced once.
+  :meth:`SparseDense.compact` returns ``True`` exactly then;
+  :class:`SparsePruningStep` calls ``model.make_train_function(force=True)``
+  (Keras's ``fit`` loop looks ``train_function`` up again before every batch).
+  A stale train step does not train silently: its slots no longer match the
+  gradient's length and the step fails with a shape error.
+
+Alternatives rejected: a full-size ``values`` with a mask (memory does not
+fall); replacing variables at every update (the optimizer would lose track of
+them and every update would force a retrace).
+
+Mask updates: :func:`update_sparse_masks` evaluates each layer's schedule and
+criterion exactly as :func:`prune.update_masks` does for masked layers (same
+criterion on the dense view, where absent entries are zeros and count as
+already pruned; same exact top-k), so a masked-dense model and a
+``SparseDense`` model pruned by the same schedule select the same masks. Only
+``scope="layer"`` is supported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from prune import kernels
+from prune import masks as _masks
+from prune.optimizer_state import slots_for
+from prune.pruning import iter_layers, prunable_layers, update_masks
+from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
+
+__all__ = ["SparseDense", "SparsePruningStep", "sparse_layers", "update_sparse_masks"]
+
+
+def _make_dynamic(var: Any, value: Any) -> bool:
+    """Give Keras variable ``var`` the contents ``value``, whose first dimension may differ.
+
+    Returns True when the backing ``tf.Variable`` had to be replaced (it had
+    a static shape), i.e. when graphs traced earlier hold a stale handle.
+    """
+    value = tf.convert_to_tensor(value, dtype=var.dtype)
+    backing = var._value
+    replaced = backing.shape.rank is None or backing.shape[0] is not None
+    if replaced:
+        dynamic = tf.TensorShape([None]).concatenate(value.shape[1:])
+        var._value = tf.Variable(value, shape=dynamic, trainable=backing.trainable, name=backing.name.split(":")[0])
+    else:
+        backing.assign(value)
+    var._shape = tuple(int(d) for d in value.shape)
+    return replaced
+
+
+@keras.saving.register_keras_serializable(package="prune")
+class SparseDense(keras.layers.Layer):
+    """Fully connected layer with a sparse weight: ``activation(x @ W + bias)``.
+
+    Build it from a dense matrix and mask with :meth:`from_dense`, from COO
+    entries with :meth:`from_sparse`, or directly, in which case a uniformly
+    random structure with exactly ``round(sparsity * n_in * units)`` absent
+    entries is drawn at build time from ``seed``, and values come from
+    ``kernel_initializer`` (evaluated on the dense shape, so fan-in and
+    fan-out scaling match ``Dense``).
+
+    Args:
+        units: Output width.
+        activation: Keras activation.
+        use_bias: Whether to add a bias.
+        kernel_initializer: Initializer of the stored values (dense-shaped).
+        bias_initializer: Initializer of the bias.
+        matmul: ``"auto"`` (default), ``"coo"``, ``"csr"`` or ``"dense"``; see
+            :mod:`prune.kernels`.
+        sparsity: Fraction of absent entries of a randomly structured layer.
+        seed: Seed of the random structure.
+        nnz: Number of stored entries. Set by ``get_config`` so that a loaded
+            layer builds variables of the saved length; the structure is then
+            overwritten by the loaded weights.
+        pruning_schedule: Schedule for :func:`update_sparse_masks`, or ``None``.
+        criterion: Registered score name (``"magnitude"``, ``"random"``).
+        scope: Only ``"layer"``.
+        **kwargs: Keras layer arguments (``name``, ``dtype``, ...).
+
+    Raises:
+        ValueError: unknown ``matmul``, bad ``sparsity``, ``units``,
+            ``criterion`` or ``scope``.
+    """
+
+    def __init__(
+        self,
+        units: int,
+        activation: Any = None,
+        use_bias: bool = True,
+        kernel_initializer: Any = "glorot_uniform",
+        bias_initializer: Any = "zeros",
+        matmul: str = "auto",
+        sparsity: float = 0.0,
+        seed: int = 0,
+        nnz: int | None = None,
+        pruning_schedule: PruningSchedule | dict | Any | None = None,
+        criterion: str = "magnitude",
+        scope: str = "layer",
+        **kwargs: Any,
+    ) -> None:
+        kernels.check_matmul(matmul)
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units < 1:
+            raise ValueError(f"units must be a positive integer, got {units!r}")
+        if not (0.0 <= float(sparsity) <= 1.0):
+            raise ValueError(f"sparsity must be in [0, 1], got {sparsity!r}")
+        if nnz is not None and (isinstance(nnz, bool) or not isinstance(nnz, (int, np.integer)) or nnz < 0):
+            raise ValueError(f"nnz must be a non-negative integer or None, got {nnz!r}")
+        _masks.get_criterion(criterion)
+        if scope != "layer":
+            raise ValueError(f"scope must be 'layer' for SparseDense (global scope is not supported), got {scope!r}")
+        super().__init__(**kwargs)
+        self.units = int(units)
+        self.activation = keras.activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.matmul = matmul
+        self.sparsity = float(sparsity)
+        self.seed = int(seed)
+        self._config_nnz = None if nnz is None else int(nnz)
+        self.pruning_schedule = None if pruning_schedule is None else as_schedule(pruning_schedule)
+        self.criterion = criterion
+        self.scope = scope
+        self._pending: tuple[np.ndarray, np.ndarray] | None = None
+        self.input_spec = keras.layers.InputSpec(min_ndim=2)
+        self.supports_jit = False  # CSR ops take variant tensors, and nnz is dynamic: no XLA
+
+    # -- construction --------------------------------------------------------
+    @classmethod
+    def from_sparse(
+        cls,
+        indices: Any,
+        values: Any,
+        dense_shape: tuple[int, int],
+        matmul: str = "auto",
+        bias: Any = None,
+        **layer_kwargs: Any,
+    ) -> "SparseDense":
+        """A built layer holding ``W = SparseTensor(indices, values, dense_shape)``.
+
+        Args:
+            indices: ``[nnz, 2]`` integer entries; unsorted input is sorted
+                (values follow), duplicates and out-of-range entries are errors.
+            values: ``[nnz]`` values in the order of ``indices``.
+            dense_shape: ``(n_in, n_out)``.
+            matmul: See :mod:`prune.kernels`.
+            bias: Optional ``[n_out]`` initial bias.
+            **layer_kwargs: Other constructor arguments (``activation``, ``name``...).
+
+        Raises:
+            ValueError: naming the bad argument and value, before anything is built.
+        """
+        if len(tuple(dense_shape)) != 2:
+            raise ValueError(f"dense_shape must be (n_in, n_out), got {dense_shape!r}")
+        n_in, n_out = (int(d) for d in dense_shape)
+        idx, vals = kernels.check_structure(indices, values, (n_in, n_out))
+        if bias is not None and np.shape(bias) != (n_out,):
+            raise ValueError(f"bias must have shape ({n_out},), got shape {np.shape(bias)}")
+        layer = cls(n_out, matmul=matmul, **layer_kwargs)
+        layer._pending = (idx, vals)
+        layer.build((None, n_in))
+        if bias is not None:
+            if layer.bias is None:
+                raise ValueError("bias was given but use_bias=False")
+            layer.bias.assign(np.asarray(bias))
+        return layer
+
+    @classmethod
+    def from_dense(
+        cls, weights: Any, mask: Any, matmul: str = "auto", bias: Any = None, **layer_kwargs: Any
+    ) -> "SparseDense":
+        """A built layer storing ``weights`` where ``mask`` is 1.
+
+        Args:
+            weights: Dense ``[n_in, n_out]`` matrix.
+            mask: Binary (0/1 or bool) array of the same shape.
+            matmul: See :mod:`prune.kernels`.
+            bias: Optional ``[n_out]`` initial bias.
+            **layer_kwargs: Other constructor arguments.
+
+        Raises:
+            ValueError: ``weights`` not 2-D, ``mask`` of another shape or not binary.
+        """
+        w = np.asarray(weights)
+        if w.ndim != 2:
+            raise ValueError(f"weights must be a 2-D [n_in, n_out] matrix, got shape {w.shape}")
+        keep = _masks.validate_mask(mask, w.shape, name="mask")
+        idx = np.argwhere(keep)
+        return cls.from_sparse(idx, w[keep], w.shape, matmul=matmul, bias=bias, **layer_kwargs)
+
+    def build(self, input_shape: Any) -> None:
+        n_in = input_shape[-1]
+        if n_in is None:
+            raise ValueError(f"the last input dimension of {self.name!r} must be known, got input shape {input_shape}")
+        n_in = int(n_in)
+        self.dense_shape = (n_in, self.units)
+        if self._pending is not None:
+            idx, vals = self._pending
+            self._pending = None
+        else:
+            idx, vals = self._initial_structure(n_in)
+        vals = np.asarray(vals, dtype=self.variable_dtype)
+        self.values = self.add_weight(name="values", shape=(len(idx),), initializer="zeros", trainable=True)
+        self.indices = self.add_weight(name="indices", shape=(len(idx), 2), initializer="zeros", dtype="int64", trainable=False)
+        self.transpose_perm = self.add_weight(
+            name="transpose_perm", shape=(len(idx),), initializer="zeros", dtype="int64", trainable=False
+        )
+        self.transpose_indices = self.add_weight(
+            name="transpose_indices", shape=(len(idx), 2), initializer="zeros", dtype="int64", trainable=False
+        )
+        self.bias = (
+            self.add_weight(name="bias", shape=(self.units,), initializer=self.bias_initializer, trainable=True)
+            if self.use_bias
+            else None
+        )
+        self.pruning_step = self.add_weight(
+            name="pruning_step", shape=(), initializer="zeros", dtype="int64", trainable=False
+        )
+        self._set_structure(idx, vals)
+
+    def _initial_structure(self, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+        n = n_in * self.units
+        if self._config_nnz is not None:  # placeholder of the saved length; loading overwrites it
+            flat = np.arange(self._config_nnz, dtype=np.int64)
+            return np.stack([flat // self.units, flat % self.units], 1), np.zeros(self._config_nnz)
+        zeros = int(np.round(self.sparsity * n))
+        rng = np.random.default_rng(self.seed)
+        flat = np.sort(rng.permutation(n)[: n - zeros]).astype(np.int64)
+        dense = np.asarray(self.kernel_initializer((n_in, self.units), dtype=self.variable_dtype))
+        idx = np.stack([flat // self.units, flat % self.units], 1)
+        return idx, dense.reshape(-1)[flat]
+
+    def _set_structure(self, indices: np.ndarray, values: np.ndarray) -> bool:
+        """Install a validated, sorted structure; returns whether any backing variable was replaced."""
+        perm, t_idx = kernels.transpose_structure(indices, self.dense_shape)
+        replaced = _make_dynamic(self.values, values)
+        replaced |= _make_dynamic(self.indices, indices.astype(np.int64).reshape(-1, 2))
+        replaced |= _make_dynamic(self.transpose_perm, perm)
+        replaced |= _make_dynamic(self.transpose_indices, t_idx.reshape(-1, 2))
+        return replaced
+
+    # -- forward ---------------------------------------------------------------
+    def call(self, inputs: Any) -> Any:
+        x = tf.convert_to_tensor(inputs)
+        if x.dtype != self.values.dtype:
+            x = tf.cast(x, self.values.dtype)
+        shape = tf.shape(x)
+        flat = tf.reshape(x, [-1, self.dense_shape[0]])
+        y = kernels.sparse_matmul(
+            flat,
+            self.values.value,
+            self.indices.value,
+            self.dense_shape,
+            matmul=self.matmul,
+            transpose_perm=self.transpose_perm.value,
+            transpose_indices=self.transpose_indices.value,
+        )
+        y = tf.reshape(y, tf.concat([shape[:-1], [self.units]], 0))
+        y = tf.ensure_shape(y, x.shape[:-1].concatenate([self.units]))
+        if self.bias is not None:
+            y = y + self.bias
+        if self.activation is not None:
+            y = self.activation(y)
+        return y
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    # -- views -------------------------------------------------------------------
+    @property
+    def nnz(self) -> int:
+        """Number of stored entries."""
+        return int(self.values.shape[0])
+
+    def to_dense(self) -> np.ndarray:
+        """The weight as a dense ``[n_in, n_out]`` array (+0.0 where absent)."""
+        dense = np.zeros(self.dense_shape, dtype=self.values.dtype)
+        idx = self.indices.numpy()
+        dense[idx[:, 0], idx[:, 1]] = self.values.numpy()
+        return dense
+
+    def get_mask(self) -> np.ndarray:
+        """The structure as a dense bool ``[n_in, n_out]`` array."""
+        mask = np.zeros(self.dense_shape, dtype=bool)
+        idx = self.indices.numpy()
+        mask[idx[:, 0], idx[:, 1]] = True
+        return mask
+
+    def sparse_weight(self) -> tf.SparseTensor:
+        """``tf.SparseTensor(indices, values, dense_shape)`` of the current weight."""
+        return tf.SparseTensor(self.indices.value, self.values.value, self.dense_shape)
+
+    # -- shrinking -----------------------------------------------------------------
+    def compact(self, keep: Any, optimizer: Any = None) -> bool:
+        """Drop entries: keep only those where ``keep`` is True, in values, indices and optimizer slots.
+
+        Call it eagerly, between training steps.
+
+        Args:
+            keep: Bool ``[nnz]`` over the stored entries, or a dense
+                ``[n_in, n_out]`` 0/1 mask that is a subset of the structure.
+            optimizer: Keras 3 optimizer training ``values``; its slots for
+                ``values`` (found by :func:`prune.optimizer_state.slots_for`)
+                are shrunk the same way.
+
+        Returns:
+            True when a compiled train step traced before this call must be
+            retraced (the first compaction of a built optimizer's slots).
+
+        Raises:
+            ValueError: ``keep`` of the wrong shape, not binary, or keeping an
+                absent entry; raised before anything changes.
+        """
+        if not self.built:
+            raise ValueError(f"layer {self.name!r} must be built before compact")
+        idx = self.indices.numpy()
+        arr = np.asarray(keep)
+        if arr.shape == (self.nnz,) and arr.shape != tuple(self.dense_shape):
+            entries = _masks.validate_mask(arr, (self.nnz,), name="keep")
+        else:
+            dense = _masks.validate_mask(arr, tuple(self.dense_shape), name="keep")
+            entries = dense[idx[:, 0], idx[:, 1]]
+            if int(dense.sum()) != int(entries.sum()):
+                raise ValueError(
+                    f"keep for {self.name!r} keeps {int(dense.sum()) - int(entries.sum())} entries that are not "
+                    "stored; a SparseDense can only drop entries"
+                )
+        positions = np.flatnonzero(entries)
+        slots = slots_for(optimizer, self.values)
+        replaced = self._set_structure(idx[positions], self.values.numpy()[positions])
+        for slot in slots:
+            replaced |= _make_dynamic(slot, tf.gather(slot.value, positions))
+        return replaced
+
+    # -- serialisation ---------------------------------------------------------------
+    def save_own_variables(self, store: Any) -> None:
+        keras.layers.Layer.save_own_variables(self, store)
+
+    def load_own_variables(self, store: Any) -> None:
+        # Lengths may differ from the placeholder built from config (e.g. a
+        # checkpoint of another sparsity): reassign with the stored shapes.
+        all_vars = self._trainable_variables + self._non_trainable_variables
+        if len(store.keys()) != len(all_vars):
+            raise ValueError(f"layer {self.name!r} expected {len(all_vars)} variables, the store has {len(store.keys())}")
+        for i, v in enumerate(all_vars):
+            value = np.asarray(store[str(i)])
+            structural = any(v is w for w in (self.values, self.indices, self.transpose_perm, self.transpose_indices))
+            if structural and value.shape[1:] == tuple(v.shape[1:]):
+                _make_dynamic(v, value)
+            else:
+                v.assign(value)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            units=self.units,
+            activation=keras.activations.serialize(self.activation),
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            matmul=self.matmul,
+            sparsity=self.sparsity,
+            seed=self.seed,
+            nnz=self.nnz if self.built else self._config_nnz,
+            pruning_schedule=None if self.pruning_schedule is None else serialize_schedule(self.pruning_schedule),
+            criterion=self.criterion,
+            scope=self.scope,
+        )
+        return config
+
+
+def sparse_layers(model: Any) -> list[SparseDense]:
+    """The :class:`SparseDense` layers inside ``model`` (or ``[model]``)."""
+    return [layer for layer in iter_layers(model) if isinstance(layer, SparseDense)]
+
+
+def update_sparse_masks(model: Any, step: int, optimizer: Any = None) -> tuple[list[str], bool]:
+    """Prune the :class:`SparseDense` layers whose schedule fires at ``step``.
+
+    For each such layer: score the dense view of the weight with the layer's
+    criterion (key ``"<layer>/kernel"``, as a ``MaskedDense`` of the same name
+    uses), take the exact top-k mask at the scheduled sparsity with absent
+    entries counted as already pruned (:func:`prune.masks.topk_mask`), and
+    :meth:`SparseDense.compact` to it. Runs eagerly, between steps.
+
+    Args:
+        model: A model or layer.
+        step: The training step about to run.
+        optimizer: Optimizer whose slots shrink with the layers.
+
+    Returns:
+        ``(names, retrace)``: names (``layer/kernel``) of the layers updated,
+        and whether a compiled train step must be retraced.
+    """
+    names: list[str] = []
+    retrace = False
+    for layer in sparse_layers(model):
+        if not layer.built or layer.pruning_schedule is None:
+            continue
+        should, sparsity = layer.pruning_schedule(step)
+        if not should:
+            continue
+        dense = layer.to_dense()
+        scores = _masks.get_criterion(layer.criterion)(dense, layer.seed, f"{layer.name}/kernel")
+        keep = _masks.topk_mask(scores, float(sparsity), layer.get_mask())
+        retrace |= layer.compact(keep, optimizer)
+        names.append(f"{layer.name}/kernel")
+    return names, retrace
+
+
+class SparsePruningStep(keras.callbacks.Callback):
+    """``fit`` callback: :class:`prune.UpdatePruningStep` for models with ``SparseDense`` layers.
+
+    Before each batch it runs :func:`prune.update_masks` (masked layers) and
+    :func:`update_sparse_masks` (sparse layers, which shrink), and retraces
+    the compiled train step when a compaction replaced optimizer state. After
+    each batch it advances every layer's ``pruning_step`` counter.
+
+    Args:
+        optimizer: Optimizer whose state to edit; defaults to ``model.optimizer``.
+    """
+
+    def __init__(self, optimizer: Any = None) -> None:
+        super().__init__()
+        self._optimizer = optimizer
+        self._step = 0
+
+    def _counters(self) -> list[Any]:
+        layers = prunable_layers(self.model) + sparse_layers(self.model)
+        return [layer.pruning_step for layer in layers if layer.built]
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if not prunable_layers(self.model) and not sparse_layers(self.model):
+            raise ValueError(f"SparsePruningStep found no prunable or SparseDense layer in model {self.model.name!r}")
+        counters = self._counters()
+        self._step = int(counters[0].numpy()) if counters else 0
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        optimizer = self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
+        update_masks(self.model, self._step, optimizer)
+        _, retrace = update_sparse_masks(self.model, self._step, optimizer)
+        if retrace and getattr(self.model, "train_function", None) is not None:
+            self.model.make_train_function(force=True)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._step += 1
+        for counter in self._counters():
+            counter.assign(self._step)
