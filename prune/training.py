@@ -53,6 +53,7 @@ class UpdatePruningStep(keras.callbacks.Callback):
         super().__init__()
         self._optimizer = optimizer
         self._step = 0
+        self._pending: int | None = None
         self._layers: list[Any] = []
 
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -71,10 +72,16 @@ class UpdatePruningStep(keras.callbacks.Callback):
         if not self._layers:  # used in a custom loop without on_train_begin
             self.on_train_begin()
         if any(not layer.built for layer in self._layers):
-            return  # first batch of a lazily built model: the layers build in this step
+            # A lazily built model builds its layers inside this first step, so
+            # there is no mask to update yet: do it right after the step.
+            self._pending = self._step
+            return
         update_masks(self.model, self._step, self._optim())
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._pending is not None and all(layer.built for layer in self._layers):
+            update_masks(self.model, self._pending, self._optim())
+            self._pending = None
         self._step += 1
         for layer in self._layers:
             if layer.built:

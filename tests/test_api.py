@@ -187,3 +187,40 @@ def test_random_criterion_is_reproducible():
     mag = prune.prune_low_magnitude(mlp(), prune.OneShot(0.6, 0))
     prune.update_masks(mag, 0)
     assert not np.array_equal(masks[0], mag.layers[0].get_masks()["kernel"])
+
+
+def test_lazily_built_model_gets_its_first_masks():
+    model = keras.Sequential([keras.layers.Dense(8), keras.layers.Dense(2)])  # no Input: built in fit
+    pm = prune.prune_low_magnitude(model, prune.ConstantSparsity(0.5, 0, frequency=1000))
+    pm.compile("sgd", "mse")
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    pm.fit(x, x[:, :2], batch_size=8, epochs=1, verbose=0, callbacks=[prune.UpdatePruningStep()])
+    assert [int((l.kernel.numpy() == 0).sum()) for l in pm.layers] == [16, 8]
+
+
+class _Scaled(keras.layers.Dense):
+    """A user layer: a Dense whose output is doubled."""
+
+    def call(self, x):
+        return 2.0 * super().call(x)
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class _MaskedScaled(prune.PrunableLayer, _Scaled):
+    def call(self, x):
+        return 2.0 * (keras.ops.matmul(x, self.masked_weight("kernel")) + self.bias)
+
+
+def test_register_a_user_layer():
+    with pytest.raises(ValueError, match=r"masked_class must subclass prune.layers.PrunableLayer"):
+        prune.register_prunable(_Scaled, keras.layers.Dense)
+    prune.register_prunable(_Scaled, _MaskedScaled)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), _Scaled(6)])
+    x = np.ones((2, 4), "float32")
+    pm = prune.prune_low_magnitude(model, prune.OneShot(0.5, 0))
+    assert isinstance(pm.layers[0], _MaskedScaled)
+    np.testing.assert_array_equal(model(x).numpy(), pm(x).numpy())
+    prune.update_masks(pm, 0)
+    assert int((pm.layers[0].kernel.numpy() == 0).sum()) == 12
+    assert type(prune.strip_pruning(pm).layers[0]) is _Scaled
