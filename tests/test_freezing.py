@@ -212,10 +212,7 @@ def _sparse_step(opt, table, ids, transform=None):
 
 def _densifies(step, ids) -> bool:
     graph = step.get_concrete_function(tf.TensorSpec(ids.shape, tf.int32)).graph
-    ops = list(graph.get_operations())
-    for fn in graph._functions.values():  # ops inside nested functions (cond branches)
-        ops.extend(fn.graph.get_operations() if hasattr(fn, "graph") else [])
-    return any(op.type == "UnsortedSegmentSum" and tuple(op.outputs[0].shape) == (V, D) for op in ops)
+    return any(op.type == "UnsortedSegmentSum" and tuple(op.outputs[0].shape) == (V, D) for op in graph.get_operations())
 
 
 def _table(seed=0):
