@@ -8,7 +8,17 @@ sets ``TF_USE_LEGACY_KERAS=1`` for the whole process. tfmot is only touched in
 :mod:`prune.interop`, lazily, and its baseline runs in a separate process.
 """
 
+from prune import embeddings
 from prune.api import is_pruned, prune_low_magnitude, strip_pruning, unsupported_layers
+from prune.freezing import (
+    CapRowNorm,
+    DropRows,
+    FrozenEntries,
+    LazyAdam,
+    entry_stop_gradients,
+    freeze_entries,
+    transform_slices,
+)
 from prune.layers.masked import PrunableLayer
 from prune.masks import criteria, register_criterion
 from prune.pruning import get_step, prunable_layers, update_masks
@@ -26,6 +36,14 @@ from prune.training import UpdatePruningStep, apply_masked_gradients, mask_gradi
 __version__ = "0.1.0"
 
 __all__ = [
+    "CapRowNorm",
+    "DropRows",
+    "FrozenEntries",
+    "LazyAdam",
+    "embeddings",
+    "entry_stop_gradients",
+    "freeze_entries",
+    "transform_slices",
     "ConstantSparsity",
     "OneShot",
     "PolynomialDecay",
