@@ -235,7 +235,7 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # inherited by the workers
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # inherited by the workers
     args = _parser().parse_args(argv)
     try:
         return cmd_run(args) if args.command == "run" else cmd_status(args)

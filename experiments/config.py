@@ -292,6 +292,15 @@ class RunConfig:
             raise ConfigError("sparsity", "dense runs take no sparsity or schedule")
         if self.implementation.name != "dense" and self.schedule is None:
             raise ConfigError("schedule", f"implementation {self.implementation.name!r} needs a schedule")
+        s = self.schedule
+        if s is not None and s.unit == "epochs":
+            last = s.begin if s.kind == "one_shot" else s.end
+            limit = self.training.epochs if s.kind != "one_shot" else self.training.epochs - 1e-9
+            if last > limit:
+                field = "begin" if s.kind == "one_shot" else "end"
+                raise ConfigError(
+                    f"schedule.{field}", f"is {last:g} epochs but training has {self.training.epochs} epochs"
+                )
         if self.model.name == "lenet5" and self.dataset.name == "synthetic":
             raise ConfigError("model", "lenet5 needs an image dataset; 'synthetic' is a flat vector")
 

@@ -13,24 +13,29 @@ same optimizer settings and the same schedule numbers in steps. They differ in:
   multiplies by the mask, pruned weights and their optimizer slots are +0.0.
   Inference is timed on the masked model as it is (weight * mask, dense matmul):
   that is what a user of the masked layers runs.
-* ``sparse_tensor``: the masked model is built and pruned by the same schedule,
-  and training runs a ``prune.layers.SparseDense`` model made by
-  ``prune.convert(masked, to="sparse", matmul=...)``. If the converted layers carry
-  masks themselves (they are prunable layers), ``UpdatePruningStep`` drives them
-  exactly as in ``masked``. Otherwise the sparse structure is fixed between mask
-  updates: at each scheduled update step the trained values are copied back into
-  the masked model, its masks are updated, and it is compacted again into a new
-  sparse model. The optimizer then starts afresh (its slots belonged to the old
-  nonzeros), which ``masked`` and ``tfmot`` do not do; with a one-shot schedule
-  there is a single compaction and the difference disappears. Only layers that
-  ``convert`` makes sparse run sparse matmuls (Dense kernels); others stay masked
-  or dense as ``convert`` decides.
+* ``sparse_tensor``: the masked model is built with the same schedule and
+  converted at the start by ``prune.convert(masked, to="sparse", matmul=...)``:
+  Dense layers become ``prune.layers.SparseDense`` (values at indices; with the
+  initial all-ones mask every entry is stored), carrying the schedule, and
+  ``SparsePruningStep`` compacts them at each mask update (values, indices and
+  optimizer slots shrink), so memory and matmul work fall as sparsity rises.
+  Mask selection is the same exact top-k as ``masked``; the products differ only
+  in summation order (sparse kernels), so accuracy agrees closely, not bitwise.
+  Layers without a sparse form (Conv2D in lenet5) stay masked. Inference is
+  timed on the SparseDense model.
 * ``tfmot`` (:mod:`experiments.tfmot_baseline`): tfmot's own wrapper under tf-keras
   in a separate legacy-Keras process. tfmot updates masks inside the compiled
   train step (a ``tf.cond`` on its step counter) instead of in a Python callback,
-  and its step counter starts at -1 before the callback first sets it; the mask
-  decisions per step match ours (``prune``'s schedules reproduce tfmot's numbers).
-  tfmot's ``OneShot`` does not exist: it is ``ConstantSparsity(begin, end=begin)``.
+  and it increments its counter *before* evaluating the schedule, so during the
+  k-th batch (from 0) it asks the schedule about step k+1 while ``prune`` asks
+  about step k. The baseline therefore shifts tfmot's ``begin_step`` and
+  ``end_step`` by +1, so both update masks before the same batch, to the same
+  sparsity (``prune``'s schedules reproduce tfmot's numbers); without the shift
+  a schedule starting at step 0 would start a step late in tfmot and a one-shot
+  at step 0 would never fire. tfmot has no one-shot schedule: it is
+  ``ConstantSparsity(begin_step=b, end_step=b, frequency=1)``. tfmot picks its
+  threshold by ``tf.math.top_k`` on magnitudes; ties at the threshold can
+  resolve differently from ``prune``'s exact top-k.
   Its inference is timed after ``strip_pruning`` (how tfmot models are deployed),
   with dense kernels containing zeros. Op-level kernels differ between Keras 3 and
   tf-keras, so its accuracy agrees with ``masked`` closely but not bitwise.
@@ -113,8 +118,6 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     def compile_model(m: Any) -> None:
         m.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
-    boundaries: list[int] = []
-    at_boundary = None
     callbacks: list[Any] = []
     if impl == "dense":
         model = plain
@@ -122,12 +125,12 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
         model = prune.prune_low_magnitude(plain, library_schedule(run, spe), seed=run.seed)
         callbacks = [prune.UpdatePruningStep()]
     elif impl == "sparse_tensor":
-        model, callbacks, boundaries, at_boundary = _sparse_tensor_setup(run, plain, spe, compile_model, log)
+        model, callbacks = _sparse_tensor_setup(run, plain, spe)
     else:
         raise ValueError(f"implementation {impl!r} does not run in a Keras 3 process")
     compile_model(model)
 
-    result = train(model, data, run, keras, callbacks, log, compile_model, boundaries, at_boundary)
+    result = train(model, data, run, keras, callbacks, log)
     model = result.model
 
     # The deployed form and its dense equivalent (for nnz and FLOPs).
@@ -169,40 +172,15 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     )
 
 
-def _sparse_tensor_setup(
-    run: RunConfig, plain: Any, spe: int, compile_model: Callable[[Any], None], log: Callable[[str], None]
-) -> tuple[Any, list[Any], list[int], Any]:
-    """Build the masked model and its SparseDense twin; see the module docstring."""
+def _sparse_tensor_setup(run: RunConfig, plain: Any, spe: int) -> tuple[Any, list[Any]]:
+    """The masked model with its schedule, converted to SparseDense layers that compact at mask updates."""
     import prune
     from prune.convert import convert  # written beside this runner; imported lazily
+    from prune.layers.sparse import SparsePruningStep, sparse_layers
 
-    schedule = library_schedule(run, spe)
-    matmul = run.implementation.matmul
-    masked = prune.prune_low_magnitude(plain, schedule, seed=run.seed)
-    sparse = convert(masked, to="sparse", matmul=matmul)
-    if prune.prunable_layers(sparse):
-        # The sparse layers carry masks and a schedule: they compact themselves at updates.
-        log("sparse_tensor: converted layers are prunable; UpdatePruningStep drives them")
-        return sparse, [prune.UpdatePruningStep()], [], None
-
-    total = spe * run.training.epochs
-    updates = [s for s in range(total) if schedule(s)[0]]
-    log(f"sparse_tensor: fixed structure between mask updates; compacting at {len(updates)} steps")
-
-    def at_boundary(step: int, current: Any) -> tuple[Any, list[Any]]:
-        # Copy trained values back into the masked model, update masks, compact again.
-        values = {layer.name: layer for layer in convert(current, to="dense").layers}
-        for layer in masked.layers:
-            src = values.get(layer.name)
-            if src is None or not src.weights:
-                continue
-            by_name = {v.name: v for v in src.weights}
-            for var in layer.weights:
-                if var.name in by_name:
-                    var.assign(by_name[var.name].value)
-        prune.update_masks(masked, step)
-        new = convert(masked, to="sparse", matmul=matmul)
-        compile_model(new)
-        return new, []
-
-    return sparse, [], updates, at_boundary
+    masked = prune.prune_low_magnitude(plain, library_schedule(run, spe), seed=run.seed)
+    sparse = convert(masked, to="sparse", matmul=run.implementation.matmul)
+    layers = sparse_layers(sparse)
+    if not layers or any(layer.pruning_schedule is None for layer in layers):
+        raise RuntimeError("prune.convert(to='sparse') gave no SparseDense layer carrying the pruning schedule")
+    return sparse, [SparsePruningStep()]

@@ -25,14 +25,14 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     """Numeric summary of the ok runs of ``runs.csv``.
 
     Returns:
-        One row per (dataset, model, implementation, target_sparsity) with
+        One row per (dataset, model, schedule, implementation, target_sparsity) with
         ``<metric>_mean``, ``<metric>_std`` for each metric and ``seeds``.
     """
     ok = runs[runs["status"] == "ok"].copy()
     if ok.empty:
         return pd.DataFrame()
     ok["implementation"] = _label(ok)
-    keys = ["dataset", "model", "implementation", "target_sparsity"]
+    keys = ["dataset", "model", "schedule", "implementation", "target_sparsity"]
     agg = ok.groupby(keys)[list(_METRICS)].agg(["mean", "std"])
     agg.columns = [f"{m}_{s}" for m, s in agg.columns]
     agg["seeds"] = ok.groupby(keys)["seed"].nunique()
@@ -43,7 +43,7 @@ def format_summary(summary: pd.DataFrame) -> str:
     """``mean ± std`` text table of :func:`summarize`."""
     if summary.empty:
         return "(no finished runs)"
-    out = summary[["dataset", "model", "implementation", "target_sparsity"]].copy()
+    out = summary[["dataset", "model", "schedule", "implementation", "target_sparsity"]].copy()
     for metric, title in _METRICS.items():
         digits = 4 if metric in ("test_accuracy", "sparsity") else 3
         mean, std = summary[f"{metric}_mean"], summary[f"{metric}_std"].fillna(0.0)

@@ -51,8 +51,12 @@ def tfmot_schedule(run: RunConfig, spe: int, tfmot: Any) -> Any:
 
     name, args = schedule_args(run, spe)
     sk = tfmot.sparsity.keras
+    # tfmot evaluates its schedule at step k+1 during batch k (it increments first); prune at k, before
+    # batch k. Shifting begin and end by one makes both prune before the same batch, to the same sparsity.
     if name == "OneShot":  # tfmot has no one-shot schedule: a constant schedule active for one step
-        return sk.ConstantSparsity(args["sparsity"], begin_step=args["step"], end_step=args["step"], frequency=1)
+        step = args["step"] + 1
+        return sk.ConstantSparsity(args["sparsity"], begin_step=step, end_step=step, frequency=1)
+    args = {**args, "begin_step": args["begin_step"] + 1, "end_step": args["end_step"] + 1}
     return getattr(sk, name)(**args)
 
 
@@ -77,7 +81,7 @@ def train_tfmot(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], 
         m.compile(make_optimizer(run.training, tf_keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     compile_model(model)
-    result = train(model, data, run, tf_keras, [tfmot.sparsity.keras.UpdatePruningStep()], log, compile_model)
+    result = train(model, data, run, tf_keras, [tfmot.sparsity.keras.UpdatePruningStep()], log)
     stripped = tfmot.sparsity.keras.strip_pruning(model)
     report = weight_report(
         [

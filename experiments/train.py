@@ -7,8 +7,7 @@ the optimizer, the measurements and the curves identical across
 implementations by construction.
 
 * Data order: one numpy permutation per epoch from the run seed; ``fit`` is
-  called with ``shuffle=False`` on the permuted arrays (one ``fit`` call per
-  epoch, or per segment of an epoch when a model must be swapped mid-epoch).
+  called once per epoch with ``shuffle=False`` on the permuted arrays.
 * Step time: the interval between consecutive ``on_train_batch_end`` calls,
   which includes the pruning callback's mask updates (part of the real cost of
   training a pruned model); the first step of every ``fit`` call and the first
@@ -86,7 +85,7 @@ class TrainResult:
         fit_seconds: Wall time inside ``fit``.
         eval_seconds: Wall time of the per-epoch test evaluations.
         final: Last epoch's ``train_loss, train_accuracy, test_loss, test_accuracy``.
-        model: The model at the end (hooks may have replaced the initial one).
+        model: The trained model.
     """
 
     curves: list[tuple[int, str, float]]
@@ -123,9 +122,6 @@ def train(
     keras: Any,
     callbacks: list[Any],
     log: Callable[[str], None],
-    compile_fn: Callable[[Any], None],
-    boundaries: list[int] | None = None,
-    at_boundary: Callable[[int, Any], tuple[Any, list[Any]]] | None = None,
 ) -> TrainResult:
     """Train ``model`` for ``run.training.epochs`` epochs and record curves and step times.
 
@@ -136,17 +132,10 @@ def train(
         keras: The Keras module the model belongs to.
         callbacks: Extra ``fit`` callbacks (the pruning step callback).
         log: Writes one line to the run's log.
-        compile_fn: Compiles a model in place (used after a hook swaps it).
-        boundaries: Global steps before which ``at_boundary`` is called; an
-            epoch is split into several ``fit`` calls there.
-        at_boundary: ``(step, model) -> (model, callbacks)``: may return a new
-            (compiled) model to continue with.
     """
     cfg = run.training
     rng = np.random.default_rng([run.seed, 99])
     n = len(data.x_train)
-    spe = steps_per_epoch(n, cfg.batch_size)
-    cuts = sorted(set(boundaries or []))
     step_times: list[float] = []
     skip = [WARMUP_STEPS]
     timer = _timer(keras, step_times, skip)
@@ -156,27 +145,15 @@ def train(
     for epoch in range(cfg.epochs):
         order = rng.permutation(n)
         x, y = data.x_train[order], data.y_train[order]
-        first = epoch * spe
-        starts = [0] + [c - first for c in cuts if first < c < first + spe] + [spe]
-        losses, accs, weights = [], [], []
-        for a, b in zip(starts[:-1], starts[1:]):
-            if at_boundary is not None and (first + a) in cuts:
-                model, callbacks = at_boundary(first + a, model)
-            xs, ys = x[a * cfg.batch_size : b * cfg.batch_size], y[a * cfg.batch_size : b * cfg.batch_size]
-            t0 = time.perf_counter()
-            hist = model.fit(
-                xs, ys, batch_size=cfg.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[*callbacks, timer]
-            )
-            fit_s += time.perf_counter() - t0
-            losses.append(float(hist.history["loss"][-1]))
-            accs.append(float(hist.history["accuracy"][-1]))
-            weights.append(len(xs))
+        t0 = time.perf_counter()
+        hist = model.fit(x, y, batch_size=cfg.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[*callbacks, timer])
+        fit_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         test_loss, test_acc = model.evaluate(data.x_test, data.y_test, batch_size=512, verbose=0)
         eval_s += time.perf_counter() - t0
         final = {
-            "train_loss": float(np.average(losses, weights=weights)),
-            "train_accuracy": float(np.average(accs, weights=weights)),
+            "train_loss": float(hist.history["loss"][-1]),
+            "train_accuracy": float(hist.history["accuracy"][-1]),
             "test_loss": float(test_loss),
             "test_accuracy": float(test_acc),
         }

@@ -1,0 +1,228 @@
+"""Sweep configuration: validation, hashing, grid expansion and bad command-line input.
+
+No TensorFlow runs here; the command-line checks call ``main`` in-process and
+fail before any worker would start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.__main__ import main
+from experiments.config import (
+    ConfigError,
+    DatasetConfig,
+    ImplementationConfig,
+    ModelConfig,
+    RunConfig,
+    ScheduleConfig,
+    TrainingConfig,
+    canonical_json,
+    config_hash,
+    from_dict,
+    load_sweep,
+    parse_sweep,
+)
+from experiments.grid import expand
+
+REPO = Path(__file__).resolve().parent.parent
+
+BASE = dict(
+    name="t",
+    implementations=["dense", "masked"],
+    sparsities=[0.5],
+    models=["lenet300"],
+    datasets=["digits"],
+)
+
+
+def sweep(**changes):
+    return parse_sweep({**BASE, **changes})
+
+
+def error_of(**changes) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        expand(sweep(**changes))
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "changes, path, words",
+    [
+        ({"implementations": ["maskd"]}, "implementations[0].name", ["'masked'", "did you mean"]),
+        ({"models": ["lenet-300"]}, "models[0].name", ["'lenet300'"]),
+        ({"datasets": ["mnist6k"]}, "datasets[0].name", ["'mnist5k'"]),
+        ({"traning": {"epochs": 1}}, "traning", ["did you mean 'training'"]),
+        ({"training": {"learning_rat": 0.1}}, "training.learning_rat", ["did you mean 'learning_rate'"]),
+        ({"schedules": [{"kind": "polynomial", "frequncy": 3}]}, "schedules[0].frequncy", ["'frequency'"]),
+        ({"training": {"learning_rate": "fast"}}, "training.learning_rate", ["must be a number"]),
+        ({"training": {"epochs": 1.5}}, "training.epochs", ["must be an integer"]),
+        ({"training": {"epochs": True}}, "training.epochs", ["must be an integer"]),
+        ({"training": {"batch_size": 0}}, "training.batch_size", [">= 1"]),
+        ({"training": {"learning_rate": -1.0}}, "training.learning_rate", ["> 0"]),
+        ({"training": {"optimizer": "adamw"}}, "training.optimizer", ["unknown optimizer"]),
+        ({"sparsities": [0.5, 1.0]}, "sparsities[1]", ["< 1.0"]),
+        ({"sparsities": [-0.1]}, "sparsities[0]", [">= 0"]),
+        ({"sparsities": 0.5}, "sparsities", ["must be a list"]),
+        ({"sparsities": []}, "sparsities", ["empty"]),
+        ({"seeds": []}, "seeds", ["empty"]),
+        ({"implementations": []}, "implementations", ["empty"]),
+        ({"models": [{"name": "mlp"}]}, "models[0].widths", ["needs hidden widths"]),
+        ({"models": [{"name": "lenet300", "widths": [3]}]}, "models[0].widths", ["only model 'mlp'"]),
+        ({"implementations": [{"name": "masked", "matmul": "csr"}]}, "implementations[0].matmul", ["sparse_tensor"]),
+        ({"implementations": [{"name": "sparse_tensor", "matmul": "bsr"}]}, "implementations[0].matmul", ["coo"]),
+        ({"schedules": [{"kind": "cubic"}]}, "schedules[0].kind", ["unknown schedule"]),
+        ({"schedules": [{"begin": 2, "end": 1}]}, "schedules[0].end", [">= begin"]),
+        ({"schedules": [{"unit": "steps", "end": 2.5}]}, "schedules[0].end", ["whole number"]),
+        ({"schedules": [{"end": 5}], "training": {"epochs": 2}}, "schedule.end", ["training has 2 epochs"]),
+        ({"models": ["lenet5"], "datasets": ["synthetic"]}, "model", ["image dataset"]),
+        ({"name": "a/b"}, "name", ["letters"]),
+    ],
+)
+def test_invalid_configs_name_the_field(changes, path, words):
+    e = error_of(**changes)
+    assert e.path == path, str(e)
+    for w in words:
+        assert w in str(e), str(e)
+
+
+def test_missing_required_key():
+    data = dict(BASE)
+    del data["datasets"]
+    with pytest.raises(ConfigError, match=r"^datasets: is required"):
+        parse_sweep(data)
+
+
+def test_values_are_typed_and_frozen():
+    s = sweep(training={"learning_rate": 1, "epochs": 3}, schedules=[{"kind": "one_shot", "begin": 1}])
+    assert isinstance(s.training.learning_rate, float) and s.training.learning_rate == 1.0
+    assert s.schedules == (ScheduleConfig(kind="one_shot", begin=1.0),)
+    assert s.implementations == (ImplementationConfig("dense"), ImplementationConfig("masked"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.training.epochs = 5  # type: ignore[misc]
+
+
+def test_hash_leaves_out_defaulted_fields():
+    run = RunConfig(ImplementationConfig("masked"), DatasetConfig("digits"), ModelConfig("lenet300"), 0, sparsity=0.5,
+                    schedule=ScheduleConfig())
+    explicit = from_dict(
+        RunConfig,
+        {
+            "implementation": {"name": "masked", "matmul": "auto"},
+            "dataset": {"name": "digits", "test_fraction": 0.2},
+            "model": {"name": "lenet300", "widths": []},
+            "seed": 0,
+            "sparsity": 0.5,
+            "schedule": {"kind": "polynomial", "frequency": 10},
+            "training": {"optimizer": "adam"},
+        },
+    )
+    assert explicit == run
+    assert config_hash(explicit) == config_hash(run)
+    assert json.loads(canonical_json(run)) == {
+        "dataset": {"name": "digits"},
+        "implementation": {"name": "masked"},
+        "model": {"name": "lenet300"},
+        "schedule": {},
+        "seed": 0,
+        "sparsity": 0.5,
+    }
+    # Pinned: a change here silently orphans every finished run of every sweep.
+    assert config_hash(run) == "52f235208a0e317308ab1e0f332e9aca9ef39f56487b2b0a9f4190bdb9919326"
+    assert run.run_id == "masked-52f235208a0e3173"
+    changed = dataclasses.replace(run, training=TrainingConfig(epochs=3))
+    assert config_hash(changed) != config_hash(run)
+
+
+def test_grid_expansion_counts_and_dense_once_per_seed():
+    s = sweep(
+        implementations=["dense", "masked", {"name": "sparse_tensor", "matmul": "csr"}, "tfmot"],
+        sparsities=[0.5, 0.8, 0.9],
+        seeds=[0, 1],
+        schedules=[{"kind": "polynomial"}, {"kind": "one_shot"}],
+        models=["lenet300", {"name": "mlp", "widths": [16]}],
+    )
+    runs = expand(s)
+    per_cell = 1 + 3 * 3 * 2  # dense once; 3 pruned implementations x 3 sparsities x 2 schedules
+    assert len(runs) == 2 * 2 * per_cell
+    assert len({r.run_id for r in runs}) == len(runs)
+    dense = [r for r in runs if r.implementation.name == "dense"]
+    assert len(dense) == 4 and all(r.sparsity == 0.0 and r.schedule is None for r in dense)
+    assert {r.implementation.matmul for r in runs if r.implementation.name == "sparse_tensor"} == {"csr"}
+    assert sorted({r.sparsity for r in runs if r.implementation.name == "tfmot"}) == [0.5, 0.8, 0.9]
+
+
+def test_grid_deduplicates_repeated_values():
+    assert len(expand(sweep(sparsities=[0.5, 0.5], seeds=[3, 3]))) == 2
+
+
+def test_shipped_configs_are_valid():
+    quick = load_sweep(REPO / "experiments/configs/quickstart.toml")
+    runs = expand(quick)
+    assert {r.implementation.name for r in runs} == {"dense", "masked", "sparse_tensor", "tfmot"}
+    assert sorted({r.sparsity for r in runs if r.implementation.name != "dense"}) == [0.5, 0.8, 0.9, 0.95]
+    paper = load_sweep(REPO / "experiments/configs/paper.toml")
+    assert len(paper.seeds) == 3 and paper.datasets[0].name == "mnist5k" and max(paper.sparsities) == 0.98
+
+
+# -- command line: bad input gives a clear message, exit status 2, nothing written ---------
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "sweep.toml"
+    p.write_text(text)
+    return p
+
+
+GOOD = 'name = "t"\nimplementations = ["dense"]\nsparsities = [0.5]\nmodels = ["lenet300"]\ndatasets = ["digits"]\n'
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (GOOD.replace('["dense"]', '["dens"]'), "unknown implementation 'dens'"),
+        (GOOD.replace('["lenet300"]', '["resnet"]'), "unknown model 'resnet'"),
+        (GOOD.replace('["digits"]', '["imagenet"]'), "unknown dataset 'imagenet'"),
+        (GOOD.replace("[0.5]", "[1.5]"), "sparsities[0]: must be < 1.0"),
+        (GOOD.replace("[0.5]", "[]"), "sparsities: is empty, so the grid is empty"),
+        ("name = [unclosed", "is not valid TOML"),
+        (GOOD.replace('["digits"]', '["cifar10"]'), "is not in the Keras cache"),
+    ],
+)
+def test_bad_input_exits_nonzero_writing_nothing(tmp_path, capsys, monkeypatch, text, message):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "empty_keras_home"))  # an empty cache, whatever ~/.keras holds
+    config = write(tmp_path, text)
+    results = tmp_path / "results"
+    assert main(["run", str(config), "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ")
+    assert not results.exists()
+
+
+def test_unreadable_config(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.toml"), "--results", str(tmp_path / "r")]) == 2
+    assert "cannot read config" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_results_folder_that_cannot_be_written(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    config = write(tmp_path, GOOD)
+    assert main(["run", str(config), "--results", str(blocker / "sub")]) == 2
+    assert "cannot be created" in capsys.readouterr().err
+    assert blocker.read_text() == "not a folder"
+
+
+def test_dry_run_lists_the_grid_and_writes_nothing(tmp_path, capsys):
+    config = write(tmp_path, GOOD.replace('["dense"]', '["dense", "masked"]').replace("[0.5]", "[0.5, 0.9]"))
+    results = tmp_path / "results"
+    assert main(["run", str(config), "--results", str(results), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "3 runs in the grid, 3 not done" in out
+    assert out.count("masked-") == 2 and out.count("dense-") == 1
+    assert not results.exists()
