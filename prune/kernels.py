@@ -46,9 +46,10 @@ the stored ``(i, j)`` only). TF's own COO gradient materialises an
   rows of ``x^T`` and ``dy^T`` and reduce over the batch (a sampled
   dense-dense product, SDDMM), in chunks of at most ``_SAMPLED_CHUNK_ELEMENTS``
   products, so the ``[nnz, batch]`` intermediate is never whole. Its cost is
-  ``~nnz * batch`` gathered terms, which beats the dense rule only when the
-  density is below roughly 1-2% at batch 256 (measured crossover), and almost
-  always at batch 1.
+  ``~nnz * batch`` gathered terms plus a per-entry row-gather overhead, which
+  beats the dense rule only when the density is below roughly 1.5% at batch
+  256 and 7% at batch 1 (measured: at batch 1, 95% sparse, 0.92 ms vs 0.99 ms;
+  at batch 256, 99% sparse, 3.5 ms vs 3.6 ms).
 
 :func:`values_grad_rule` evaluates the same cost model to choose.
 """
@@ -81,26 +82,29 @@ MATMULS = ("auto",) + KERNELS
 
 _SAMPLED_CHUNK_ELEMENTS = 1 << 21  # 2M products (8 MB per float32 operand) per chunk
 
-# Cost model, in nanoseconds, fitted to medians measured by
-# benchmarks/layer_speed.py on the 2-core reference machine (TF intra-op
-# threads = 2). Each kernel's time is
+# Cost model, in nanoseconds. _COST is a non-negative least-squares fit (on
+# relative error) of forward medians measured by
+# `benchmarks/layer_speed.py --fit` on the 2-core reference machine (TF
+# intra-op threads = 2, sizes 1024x1024 and 784x300, batch 1/32/256, sparsity
+# 0-99%); "fixed" includes the tf.function call overhead. Only the ranking of
+# the kernels matters. Each kernel's time is
 #     fixed + per_nnz * nnz + per_term * nnz * batch + per_cell * n_in * n_out + per_mac * n_in * n_out * batch
 # "per_cell" is the cost of touching the dense [n_in, n_out] matrix once
 # (materialising it; reading it in a batch-1 matvec), "per_mac" the BLAS cost
 # of one multiply-add. CSR pays a format conversion per call (per_nnz) but
 # multiplies on every core; COO converts nothing but runs on one thread.
 _COST = {
-    #           fixed    per_nnz per_term per_cell per_mac
-    "dense": (20_000.0, 2.0, 0.0, 1.2, 0.0150),
-    "coo": (10_000.0, 1.0, 1.45, 0.0, 0.0),
-    "csr": (40_000.0, 10.0, 0.10, 0.0, 0.0),
+    #           fixed      per_nnz per_term per_cell per_mac
+    "dense": (278_600.0, 2.721, 0.0, 0.7729, 0.01665),
+    "coo": (451_800.0, 7.755, 1.567, 0.2272, 0.01041),
+    "csr": (669_600.0, 20.06, 0.04983, 0.0, 0.005435),
 }
 # Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
 # gathers and a multiply-reduce per (entry, batch) term.
 _GRAD_COST = {
     #             fixed   per_nnz per_term per_cell per_mac
-    "dense": (20_000.0, 4.0, 0.0, 0.4, 0.0150),
-    "sampled": (60_000.0, 8.0, 1.2, 0.0, 0.0),
+    "dense": (20_000.0, 4.0, 0.0, 1.0, 0.0167),
+    "sampled": (50_000.0, 18.0, 1.2, 0.0, 0.0),
 }
 
 
@@ -275,20 +279,25 @@ def sampled_values_grad(x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor, chunk_e
     """
     x_t = tf.transpose(x)
     dy_t = tf.transpose(dy)
+
+    def block(rows: tf.Tensor, cols: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.gather(x_t, rows) * tf.gather(dy_t, cols), axis=1)
+
     batch = tf.maximum(tf.shape(x, out_type=tf.int64)[0], 1)
-    chunk = tf.maximum(tf.constant(chunk_elements, tf.int64) // batch, 1)
     nnz = tf.shape(indices, out_type=tf.int64)[0]
-    n_chunks = (nnz + chunk - 1) // chunk
-    pad = n_chunks * chunk - nnz
-    padded = tf.pad(indices, [[0, pad], [0, 0]])  # padding points at entry (0, 0): harmless, cut below
-    rows = tf.reshape(padded[:, 0], [n_chunks, chunk])
-    cols = tf.reshape(padded[:, 1], [n_chunks, chunk])
+    chunk = tf.maximum(tf.constant(chunk_elements, tf.int64) // batch, 1)
 
-    def one(rc: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
-        return tf.reduce_sum(tf.gather(x_t, rc[0]) * tf.gather(dy_t, rc[1]), axis=1)
+    def chunked() -> tf.Tensor:
+        n_chunks = (nnz + chunk - 1) // chunk
+        pad = n_chunks * chunk - nnz
+        padded = tf.pad(indices, [[0, pad], [0, 0]])  # padding points at entry (0, 0): harmless, cut below
+        rows = tf.reshape(padded[:, 0], [n_chunks, chunk])
+        cols = tf.reshape(padded[:, 1], [n_chunks, chunk])
+        out = tf.map_fn(lambda rc: block(rc[0], rc[1]), (rows, cols), fn_output_signature=x.dtype, parallel_iterations=1)
+        return tf.reshape(out, [-1])[:nnz]
 
-    out = tf.map_fn(one, (rows, cols), fn_output_signature=x.dtype, parallel_iterations=1)
-    return tf.reshape(out, [-1])[:nnz]
+    # One block when it fits (no loop overhead), else a sequential loop over chunks.
+    return tf.cond(nnz <= chunk, lambda: block(indices[:, 0], indices[:, 1]), chunked)
 
 
 def _values_grad(rule: str, x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:

@@ -1,0 +1,220 @@
+"""Speed of one fully connected layer: dense, masked and sparse (coo, csr, densify, auto).
+
+For each layer size, batch and sparsity, times the forward pass and a full
+training step (forward, backward, Adam update) of
+
+    dense     keras.layers.Dense (all weights, the baseline)
+    masked    prune.layers.MaskedDense (dense kernel times its mask)
+    coo       SparseDense(matmul="coo")
+    csr       SparseDense(matmul="csr")
+    densify   SparseDense(matmul="dense")  (materialise W, dense matmul)
+    auto      SparseDense(matmul="auto")
+
+Implementations are interleaved in a shuffled order within each round and the
+median over rounds is kept, because the machine is shared and noisy. TF thread
+counts are fixed and printed. Writes ``results/benchmarks/layer_speed.csv``
+(one row per size, batch, sparsity, implementation and mode) and prints
+speed-ups vs dense and vs the ideal ``1 / density``.
+
+    .venv/bin/python benchmarks/layer_speed.py                 # 1024x1024, 784x300, 4096x4096 (~10 min)
+    .venv/bin/python benchmarks/layer_speed.py --sizes 784x300 --batches 32
+    .venv/bin/python benchmarks/layer_speed.py --fit           # also refit prune.kernels' cost model
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import keras  # noqa: E402
+
+from prune import kernels  # noqa: E402
+from prune.layers.masked import MaskedDense  # noqa: E402
+from prune.layers.sparse import SparseDense  # noqa: E402
+
+IMPLS = ("dense", "masked", "coo", "csr", "densify", "auto")
+SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99)
+BATCHES = (1, 32, 256)
+
+
+def make_layer(impl: str, w: np.ndarray, mask: np.ndarray) -> keras.layers.Layer:
+    n_in, n_out = w.shape
+    if impl in ("dense", "masked"):
+        layer = keras.layers.Dense(n_out) if impl == "dense" else MaskedDense(n_out)
+        layer.build((None, n_in))
+        layer.kernel.assign(w * mask if impl == "dense" else w)
+        if impl == "masked":
+            layer.set_mask("kernel", mask)
+        return layer
+    matmul = "dense" if impl == "densify" else impl
+    return SparseDense.from_dense(w, mask, matmul=matmul)
+
+
+def make_fns(layer: keras.layers.Layer):
+    optimizer = keras.optimizers.Adam(1e-4)
+    optimizer.build(layer.trainable_variables)
+
+    @tf.function
+    def forward(x):
+        return tf.reduce_sum(layer(x))
+
+    @tf.function
+    def train_step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(layer(x)))
+        grads = tape.gradient(loss, layer.trainable_variables)
+        optimizer.apply(grads, layer.trainable_variables)
+        return loss
+
+    return forward, train_step
+
+
+def _time(fn, x) -> float:
+    t = time.perf_counter()
+    fn(x).numpy()
+    return (time.perf_counter() - t) * 1e3
+
+
+def measure_point(n_in, n_out, batch, sparsity, impls, rounds, budget_s, rng):
+    w = (rng.standard_normal((n_in, n_out)) * np.sqrt(2.0 / n_in)).astype(np.float32)
+    n = n_in * n_out
+    mask = np.zeros(n, bool)
+    mask[rng.permutation(n)[: n - int(round(sparsity * n))]] = True
+    mask = mask.reshape(n_in, n_out)
+    x = tf.constant(rng.standard_normal((batch, n_in)).astype(np.float32))
+    fns = {}
+    for impl in impls:
+        fwd, step = make_fns(make_layer(impl, w, mask))
+        fwd(x).numpy(), step(x).numpy()  # trace and warm up
+        fns[(impl, "forward")] = fwd
+        fns[(impl, "train_step")] = step
+    times = {k: [] for k in fns}
+    keys = list(fns)
+    start = time.perf_counter()
+    for r in range(rounds):
+        rng.shuffle(keys)
+        for k in keys:
+            times[k].append(_time(fns[k], x))
+        if r >= 2 and time.perf_counter() - start > budget_s:
+            break
+    nnz = int(mask.sum())
+    rows = []
+    for (impl, mode), ts in times.items():
+        rows.append(
+            dict(n_in=n_in, n_out=n_out, batch=batch, sparsity=sparsity, nnz=nnz, impl=impl, mode=mode,
+                 median_ms=float(np.median(ts)), min_ms=float(np.min(ts)), reps=len(ts),
+                 auto_choice=kernels.choose_matmul(batch, n_in, n_out, nnz),
+                 grad_rule=kernels.values_grad_rule(batch, n_in, n_out, nnz))
+        )
+    return rows
+
+
+def summarise(df: pd.DataFrame) -> pd.DataFrame:
+    piv = df.pivot_table(index=["n_in", "n_out", "batch", "sparsity", "mode"], columns="impl", values="median_ms")
+    out = pd.DataFrame(index=piv.index)
+    for impl in piv.columns:
+        out[f"{impl}_ms"] = piv[impl].round(3)
+    for impl in piv.columns:
+        if impl != "dense":
+            out[f"x_{impl}"] = (piv["dense"] / piv[impl]).round(2)
+    sparse_sparsity = out.index.get_level_values("sparsity").to_numpy()
+    out["ideal_x"] = np.round(1.0 / np.maximum(1.0 - sparse_sparsity, 1e-9), 1)
+    best_kernels = [c for c in ("coo", "csr", "densify") if c in piv.columns]
+    if "auto" in piv.columns:
+        out["auto_vs_best_dense_coo_csr"] = (piv["auto"] / piv[["dense", "coo", "csr"]].min(axis=1)).round(2)
+        out["auto_vs_best_kernel"] = (piv["auto"] / piv[best_kernels].min(axis=1)).round(2)
+    return out.reset_index()
+
+
+def fit_cost_model(df: pd.DataFrame) -> dict[str, tuple[float, ...]]:
+    """Non-negative least squares of forward times on the cost model's five terms (relative error weighting)."""
+    from scipy.optimize import nnls
+
+    fitted = {}
+    fwd = df[df["mode"] == "forward"]
+    for impl, kernel in (("densify", "dense"), ("coo", "coo"), ("csr", "csr")):
+        sub = fwd[fwd.impl == impl]
+        if sub.empty:
+            continue
+        a = np.array([kernels._terms(r.nnz, r.batch, r.n_in, r.n_out) for r in sub.itertuples()], float)
+        y = sub["median_ms"].to_numpy() * 1e6  # ns
+        weight = 1.0 / y  # fit relative error, so small points count as much as large ones
+        coef, _ = nnls(a * weight[:, None], y * weight)
+        fitted[kernel] = tuple(float(c) for c in coef)
+    return fitted
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1024x1024,784x300,4096x4096")
+    parser.add_argument(
+        "--big-sparsities", default="0.9,0.95,0.98,0.99",
+        help="sparsities for sizes above 4M weights (the low-sparsity COO points would take minutes each)",
+    )
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--sparsities", default=",".join(map(str, SPARSITIES)))
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--budget", type=float, default=4.0, help="seconds per point after 3 rounds")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="results/benchmarks/layer_speed.csv")
+    parser.add_argument("--fit", action="store_true", help="print a cost model refitted to these forward times")
+    args = parser.parse_args()
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    print(
+        f"TF {tf.__version__}, Keras {keras.__version__}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cpus; intra_op_threads={tf.config.threading.get_intra_op_parallelism_threads()} "
+        f"inter_op_threads={tf.config.threading.get_inter_op_parallelism_threads()}",
+        flush=True,
+    )
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    sparsities = [float(s) for s in args.sparsities.split(",")]
+    big = [float(s) for s in args.big_sparsities.split(",")]
+    impls = args.impls.split(",")
+    rng = np.random.default_rng(0)
+    rows = []
+    t0 = time.perf_counter()
+    for n_in, n_out in sizes:
+        for batch in batches:
+            for sparsity in sparsities if n_in * n_out <= 4 << 20 else big:
+                point = measure_point(n_in, n_out, batch, sparsity, impls, args.rounds, args.budget, rng)
+                rows += point
+                fwd = {r["impl"]: r["median_ms"] for r in point if r["mode"] == "forward"}
+                stp = {r["impl"]: r["median_ms"] for r in point if r["mode"] == "train_step"}
+                print(
+                    f"{n_in}x{n_out} b={batch:<3} s={sparsity:<4} auto->{point[0]['auto_choice']:<5} "
+                    f"fwd " + " ".join(f"{k}={v:.3f}" for k, v in fwd.items())
+                    + " | step " + " ".join(f"{k}={v:.3f}" for k, v in stp.items())
+                    + f"  [{time.perf_counter() - t0:.0f}s]",
+                    flush=True,
+                )
+    df = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False)
+    summary = summarise(df)
+    summary.to_csv(out.with_name(out.stem + "_summary.csv"), index=False)
+    with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500):
+        print(summary.to_string(index=False))
+    print(f"wrote {out} ({len(df)} rows) in {time.perf_counter() - t0:.0f}s")
+    if args.fit:
+        for k, coef in fit_cost_model(df).items():
+            print(f"fitted {k}: " + ", ".join(f"{c:.4g}" for c in coef))
+
+
+if __name__ == "__main__":
+    main()
