@@ -229,15 +229,19 @@ def _json_default(value: Any) -> Any:
 def run_task(run_data: dict[str, Any], run_dir: str, context: dict[str, Any], threads: int = 1) -> dict[str, Any]:
     """Entry point for pool and Dask workers: plain data in, ``{"row", "curves"}`` out.
 
-    Initialises the process on first use (a Dask worker) as a ``keras3``
-    process. A tfmot run in a process that is not ``legacy`` goes to a fresh
-    ``python -m experiments.tfmot_baseline`` subprocess.
+    A process not initialised yet (a Dask worker) becomes a ``keras3``
+    process: it runs dense, masked and sparse_tensor itself and sends each
+    tfmot run to a fresh ``python -m experiments.tfmot_baseline`` subprocess.
+    Local pool workers were initialised by the pool as ``keras3`` or
+    ``legacy`` and receive only runs of their kind.
     """
     run = from_dict(RunConfig, run_data)
     if _STATE["kind"] is None:
-        init_process("keras3" if kind_of(run) == "keras3" else "legacy", threads)
+        init_process("keras3", threads)
     if kind_of(run) == _STATE["kind"]:
         return execute(run, Path(run_dir), context)
+    if kind_of(run) != "legacy":
+        raise RuntimeError(f"a legacy-Keras worker was given a {run.implementation.name} run")
     return _execute_in_subprocess(run, Path(run_dir), context, threads)
 
 

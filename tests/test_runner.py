@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 HAS_CONVERT = importlib.util.find_spec("prune.convert") is not None
 
@@ -139,6 +137,7 @@ def _runs_and_curves(root: Path) -> tuple[dict, list]:
 
 
 def test_same_config_twice_gives_identical_accuracy(tmp_path):
+    # sparse_tensor joins when prune.convert exists (it landed beside this runner).
     impls = '["masked", {name = "sparse_tensor", matmul = "csr"}, "tfmot"]' if HAS_CONVERT else '["masked", "tfmot"]'
     config = sweep_file(tmp_path, "det", impls, "[0.7]", epochs=2)
     first, second = tmp_path / "a", tmp_path / "b"
@@ -152,18 +151,9 @@ def test_same_config_twice_gives_identical_accuracy(tmp_path):
         assert row["status"] == "ok", row["error"]
         for col in ("test_accuracy", "test_loss", "train_loss", "nnz", "sparsity"):
             assert row[col] == rows_b[run_id][col], (run_id, col)
-        assert abs(float(row["sparsity"]) - 0.7) < 0.01
+        assert abs(float(row["sparsity"]) - 0.7) < 0.01 and float(row["test_accuracy"]) > 0.5
         report = read_csv(first / "det" / "runs" / run_id / "sparsity_report.csv")
         assert int(row["nnz"]) == sum(int(r["nnz"]) for r in report)
     assert curves_a == curves_b
-
-
-@pytest.mark.skipif(not HAS_CONVERT, reason="prune.convert (sparse_tensor implementation) is not in the library yet")
-def test_sparse_tensor_run_prunes_to_target(tmp_path):
-    config = sweep_file(tmp_path, "sp", '[{name = "sparse_tensor", matmul = "coo"}]', "[0.9]", epochs=2)
-    out = cli("run", str(config), "--results", str(tmp_path / "r"))
-    assert out.returncode == 0, out.stderr[-2000:]
-    (row,) = read_csv(tmp_path / "r" / "sp" / "runs.csv")
-    assert row["status"] == "ok" and row["matmul"] == "coo"
-    assert abs(float(row["sparsity"]) - 0.9) < 0.01
-    assert float(row["test_accuracy"]) > 0.1
+    if HAS_CONVERT:
+        assert {r["matmul"] for r in rows_a.values() if r["implementation"] == "sparse_tensor"} == {"csr"}

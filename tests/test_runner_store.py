@@ -1,0 +1,70 @@
+"""The results tables' crash repair and the per-weight report, in-process and small."""
+
+from __future__ import annotations
+
+import csv
+
+import keras
+import numpy as np
+
+import prune
+from experiments.config import DatasetConfig, ImplementationConfig, ModelConfig, RunConfig, ScheduleConfig
+from experiments.models import build, initial_weights, layer_positions
+from experiments.store import CURVE_COLUMNS, RUN_COLUMNS, Store, config_columns
+from experiments.train import weight_report
+
+
+def row(run_id: str, status: str = "ok") -> dict:
+    run = RunConfig(ImplementationConfig("masked"), DatasetConfig("digits"), ModelConfig("lenet300"), 0, sparsity=0.5,
+                    schedule=ScheduleConfig())
+    return {**config_columns(run, "s"), "run_id": run_id, "status": status, "test_accuracy": 0.5}
+
+
+def curves(run_id: str) -> list[dict]:
+    return [dict(run_id=run_id, epoch=1, metric="test_accuracy", value=0.5)]
+
+
+def test_open_drops_a_torn_row_and_orphan_curves(tmp_path):
+    store = Store(tmp_path)
+    store.open()
+    store.add(row("a"), curves("a"))
+    store.add(row("b"), curves("b"))
+    # A crash: run c's curves are written, its row only half.
+    with open(store.curves_path, "a") as fh:
+        fh.write("c,1,test_accuracy,0.5\n")
+    with open(store.runs_path, "a") as fh:
+        fh.write("c,deadbeef,s,mas")
+    again = Store(tmp_path)
+    again.open()
+    assert sorted(again.rows) == ["a", "b"]
+    with open(store.runs_path, newline="") as fh:
+        assert [r["run_id"] for r in csv.DictReader(fh)] == ["a", "b"]
+    with open(store.curves_path, newline="") as fh:
+        kept = list(csv.DictReader(fh))
+    assert [c["run_id"] for c in kept] == ["a", "b"] and list(kept[0]) == CURVE_COLUMNS
+    # Redoing c now appends cleanly; replacing a failed row keeps one row per run.
+    again.add(row("c", "failed"), [])
+    again.add(row("c"), curves("c"))
+    with open(store.runs_path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["run_id"] for r in rows] == ["a", "b", "c"] and rows[-1]["status"] == "ok"
+    assert list(rows[0]) == RUN_COLUMNS
+
+
+def test_weight_report_matches_prune_sparsity_report():
+    plain = build(ModelConfig("lenet5"), (8, 8, 1), 10, keras)
+    plain.set_weights(initial_weights(plain, 0))
+    positions = layer_positions(plain)
+    assert positions["conv_0"] == 64.0 and positions["conv_1"] == 16.0 and positions["dense_0"] == 1.0
+    masked = prune.prune_low_magnitude(plain, prune.ConstantSparsity(0.75, 0))
+    prune.update_masks(masked, 0)
+    expected = prune.sparsity_report(masked).sort_values("layer").reset_index(drop=True)
+    stripped = prune.strip_pruning(masked)
+    ours = weight_report(
+        [(lyr.name, "kernel", lyr.kernel.numpy(), positions[lyr.name], "pruned") for lyr in stripped.layers
+         if hasattr(lyr, "kernel")]
+    ).sort_values("layer").reset_index(drop=True)
+    assert list(ours.columns) == list(expected.columns)
+    for col in ("layer", "nnz", "size", "dense_flops", "nonzero_flops", "dense_bytes"):
+        assert list(ours[col]) == list(expected[col]), col
+    assert np.allclose(ours["sparsity"], 0.75, atol=0.01)
