@@ -1,0 +1,301 @@
+"""Regenerate a sweep's figures and main table from its committed tables, byte for byte.
+
+::
+
+    python -m experiments figures SWEEP [--out DIR] [--results-root results] [--curve-sparsity S]
+
+Reads only ``<results-root>/SWEEP/runs.csv`` and ``curves.csv``, plus
+``<results-root>/benchmarks/layer_speed.csv`` where it exists, and writes into
+``DIR`` (default ``<results-root>/SWEEP/figures``), as PNG and PDF:
+
+1. ``accuracy_vs_sparsity``: accuracy vs sparsity, mean ± std over seeds, dense band.
+2. ``step_time_vs_sparsity``: training step time relative to dense, ideal 1/density.
+3. ``latency_vs_sparsity``: inference latency at batch 1 and 256, ideal, crossovers.
+4. ``accuracy_vs_flops``: accuracy vs nonzero FLOPs with the Pareto front.
+5. ``accuracy_curves``: test accuracy per epoch at one sparsity (``--curve-sparsity``).
+6. ``layer_speedup_<n_in>x<n_out>_<mode>``: the layer benchmark's speed-up per
+   kernel and batch size (only when the benchmark table exists).
+
+and ``main_table.tex``: accuracy ± std and speed by implementation × sparsity
+(pandas ``to_latex``). A sweep with several (dataset, model) pairs gets one set
+per pair, suffixed ``_<dataset>_<model>``.
+
+Byte-identical output: every figure is drawn with the project style file
+(``experiments/paper.mplstyle``: fonts shipped with matplotlib, fixed sizes and
+dpi, ``svg.hashsalt``), from rows sorted into one fixed order, into figures
+created without pyplot; files are saved with pinned metadata (PNG: no
+``Software``; PDF: no ``CreationDate``/``ModDate``, fixed ``Producer`` and
+``Creator``), so nothing depends on the clock, the host or the matplotlib
+build string. All inputs are read and every file is rendered in memory before
+the first one is written, so bad input writes nothing. Exit status: 0 on
+success, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = [
+    "FIGURE_NAMES",
+    "PDF_METADATA",
+    "PNG_METADATA",
+    "load_sweep",
+    "load_layer_speed",
+    "main_table",
+    "render",
+    "draw_figures",
+    "main",
+]
+
+FIGURE_NAMES = ["accuracy_vs_sparsity", "step_time_vs_sparsity", "latency_vs_sparsity", "accuracy_vs_flops", "accuracy_curves"]
+PNG_METADATA: dict[str, str | None] = {"Software": None}
+PDF_METADATA: dict[str, str | None] = {
+    "CreationDate": None,
+    "ModDate": None,
+    "Producer": "prune experiments.figures",
+    "Creator": "prune experiments.figures",
+}
+_RUN_NUMERIC = [
+    "target_sparsity", "seed", "test_accuracy", "sparsity", "nonzero_flops", "dense_flops",
+    "step_time_ms", "latency_b1_ms", "latency_b256_ms", "schedule_end",
+]
+
+
+def load_sweep(sweep: str, results_root: str | Path = "results") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read a sweep's ``runs.csv`` and ``curves.csv``.
+
+    Args:
+        sweep: Name of the folder under ``results_root`` (e.g. ``"paper"``).
+        results_root: The results root.
+
+    Returns:
+        ``(runs, curves)``: the finished runs, tidied by
+        :func:`experiments.plotting.tidy_runs`, and the curves of those runs
+        sorted by run, metric and epoch.
+
+    Raises:
+        ValueError: the sweep folder, ``runs.csv`` or ``curves.csv`` is
+            missing, a table lacks columns, or no run finished.
+    """
+    from experiments.plotting import tidy_runs
+
+    if not isinstance(sweep, str) or not sweep or "/" in sweep or sweep in (".", ".."):
+        raise ValueError(f"sweep must be the name of a folder under the results root, got {sweep!r}")
+    root = Path(results_root)
+    if not root.is_dir():
+        raise ValueError(f"results_root {str(root)!r} is not a directory")
+    folder = root / sweep
+    if not folder.is_dir():
+        have = sorted(p.name for p in root.iterdir() if (p / "runs.csv").is_file())
+        raise ValueError(f"sweep {sweep!r}: no folder {str(folder)!r}; sweeps with a runs.csv under {str(root)!r}: {have}")
+    runs_path, curves_path = folder / "runs.csv", folder / "curves.csv"
+    for name, path in (("runs.csv", runs_path), ("curves.csv", curves_path)):
+        if not path.is_file():
+            raise ValueError(f"sweep {sweep!r}: {name} missing ({str(path)!r} is not a file)")
+    runs = pd.read_csv(runs_path, dtype={"run_id": str, "matmul": str, "status": str, "implementation": str})
+    for col in _RUN_NUMERIC:
+        if col in runs.columns:
+            runs[col] = pd.to_numeric(runs[col], errors="coerce")
+    try:
+        ok = tidy_runs(runs)
+    except ValueError as e:
+        raise ValueError(f"sweep {sweep!r}: {runs_path}: {e}") from None
+    if ok.empty:
+        raise ValueError(f"sweep {sweep!r}: {runs_path} has no run with status 'ok' ({len(runs)} rows)")
+    curves = pd.read_csv(curves_path, dtype={"run_id": str, "metric": str})
+    missing = [c for c in ("run_id", "epoch", "metric", "value") if c not in curves.columns]
+    if missing:
+        raise ValueError(f"sweep {sweep!r}: {curves_path} lacks columns {missing}")
+    curves = curves[curves["run_id"].isin(set(ok["run_id"]))]
+    curves = curves.sort_values(["run_id", "metric", "epoch"], kind="mergesort").reset_index(drop=True)
+    return ok, curves
+
+
+def load_layer_speed(results_root: str | Path = "results") -> pd.DataFrame | None:
+    """``<results_root>/benchmarks/layer_speed.csv`` sorted into a fixed order, or ``None`` if absent."""
+    path = Path(results_root) / "benchmarks" / "layer_speed.csv"
+    if not path.is_file():
+        return None
+    bench = pd.read_csv(path)
+    keys = [c for c in ("n_in", "n_out", "mode", "batch", "sparsity", "impl") if c in bench.columns]
+    return bench.sort_values(keys, kind="mergesort").reset_index(drop=True) if keys else bench
+
+
+def _pm(mean: float, std: float, digits: int) -> str:
+    if pd.isna(mean):
+        return "--"
+    return f"${mean:.{digits}f} \\pm {std:.{digits}f}$"
+
+
+def main_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The main result: accuracy ± std and speed by implementation × target sparsity.
+
+    Args:
+        runs: Output of :func:`load_sweep` (one dataset and model).
+
+    Returns:
+        Numeric columns ``implementation``, ``sparsity_pct``,
+        ``accuracy_pct_mean``/``_std``, ``step_rel_mean``/``_std`` (training
+        step time / mean dense), ``latency_b1_ms_mean``/``_std``,
+        ``latency_b256_ms_mean``/``_std`` and ``seeds``; dense first.
+    """
+    from experiments.plotting import aggregate
+
+    acc = aggregate(runs, "test_accuracy")
+    table = acc[["label", "target"]].copy()
+    table["accuracy_pct_mean"] = acc["mean"] * 100.0
+    table["accuracy_pct_std"] = acc["std"] * 100.0
+    table["seeds"] = acc["n"].astype(int)
+    dense_step = pd.to_numeric(runs.loc[runs["label"] == "dense", "step_time_ms"], errors="coerce").mean()
+    rel = runs.assign(step_rel=pd.to_numeric(runs["step_time_ms"], errors="coerce") / dense_step)
+    for value, name in (("step_rel", "step_rel"), ("latency_b1_ms", "latency_b1_ms"), ("latency_b256_ms", "latency_b256_ms")):
+        agg = aggregate(rel, value)[["label", "target", "mean", "std"]]
+        agg = agg.rename(columns={"mean": f"{name}_mean", "std": f"{name}_std"})
+        table = table.merge(agg, on=["label", "target"], how="left")
+    table.insert(1, "sparsity_pct", table.pop("target") * 100.0)
+    return table.rename(columns={"label": "implementation"}).reset_index(drop=True)
+
+
+def _latex(table: pd.DataFrame, caption: str) -> str:
+    """``main_table`` as a booktabs LaTeX table (pandas ``to_latex``)."""
+    shown = pd.DataFrame(
+        {
+            "Implementation": [v.replace("_", r"\_") for v in table["implementation"]],
+            "Sparsity (\\%)": [f"{v:g}" for v in table["sparsity_pct"]],
+            "Accuracy (\\%)": [_pm(m, s, 2) for m, s in zip(table["accuracy_pct_mean"], table["accuracy_pct_std"])],
+            "Step time (\\(\\times\\) dense)": [_pm(m, s, 2) for m, s in zip(table["step_rel_mean"], table["step_rel_std"])],
+            "Latency b1 (ms)": [_pm(m, s, 3) for m, s in zip(table["latency_b1_ms_mean"], table["latency_b1_ms_std"])],
+            "Latency b256 (ms)": [_pm(m, s, 2) for m, s in zip(table["latency_b256_ms_mean"], table["latency_b256_ms_std"])],
+        }
+    )
+    return shown.to_latex(index=False, escape=False, column_format="llrrrr", caption=caption, label="tab:main", position="t")
+
+
+def render(fig: object, fmt: str) -> bytes:
+    """The bytes of ``fig`` saved as ``fmt`` (``png`` or ``pdf``) with pinned metadata, in the project style."""
+    from experiments.plotting import use_style
+
+    if fmt not in ("png", "pdf"):
+        raise ValueError(f"fmt must be 'png' or 'pdf', got {fmt!r}")
+    buf = io.BytesIO()
+    with use_style():
+        fig.savefig(buf, format=fmt, metadata=PNG_METADATA if fmt == "png" else PDF_METADATA)  # type: ignore[attr-defined]
+    return buf.getvalue()
+
+
+def _choose_curve_sparsity(runs: pd.DataFrame, wanted: float | None) -> float:
+    targets = sorted(runs.loc[runs["label"] != "dense", "target"].unique().tolist())
+    if not targets:
+        raise ValueError("runs: no finished sparse run to draw accuracy curves for")
+    if wanted is None:
+        return 0.9 if any(abs(t - 0.9) < 1e-9 for t in targets) else max(targets)
+    for t in targets:
+        if abs(t - wanted) < 1e-9:
+            return t
+    raise ValueError(f"--curve-sparsity {wanted!r} is not a target sparsity of the sweep; choose one of {targets}")
+
+
+def draw_figures(
+    sweep: str,
+    out: str | Path | None = None,
+    results_root: str | Path = "results",
+    curve_sparsity: float | None = None,
+) -> list[Path]:
+    """Draw every figure and the main table of ``sweep`` into ``out``.
+
+    Args:
+        sweep: Folder name under ``results_root``.
+        out: Output folder (created); default ``<results_root>/<sweep>/figures``.
+        results_root: The results root.
+        curve_sparsity: Target sparsity of the accuracy-curve figure; default
+            0.9 if the sweep has it, else its highest.
+
+    Returns:
+        The written files, sorted.
+
+    Raises:
+        ValueError: bad input (see :func:`load_sweep`; ``out`` is a file;
+            ``curve_sparsity`` not in the sweep); nothing is written then.
+    """
+    from experiments import plotting
+
+    runs, curves = load_sweep(sweep, results_root)
+    out_dir = Path(out) if out is not None else Path(results_root) / sweep / "figures"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"out {str(out_dir)!r} exists and is not a directory")
+    bench = load_layer_speed(results_root)
+
+    files: dict[str, bytes] = {}
+
+    def add(name: str, fig: object) -> None:
+        for fmt in ("png", "pdf"):
+            files[f"{name}.{fmt}"] = render(fig, fmt)
+
+    pairs = runs[["dataset", "model"]].drop_duplicates().sort_values(["dataset", "model"]).values.tolist()
+    for dataset, model in pairs:
+        sub = runs[(runs["dataset"] == dataset) & (runs["model"] == model)].reset_index(drop=True)
+        sfx = f"_{dataset}_{model}" if len(pairs) > 1 else ""
+        s = _choose_curve_sparsity(sub, curve_sparsity)
+        add(f"accuracy_vs_sparsity{sfx}", plotting.plot_accuracy_vs_sparsity(sub))
+        add(f"step_time_vs_sparsity{sfx}", plotting.plot_step_time_vs_sparsity(sub))
+        add(f"latency_vs_sparsity{sfx}", plotting.plot_latency_vs_sparsity(sub))
+        add(f"accuracy_vs_flops{sfx}", plotting.plot_accuracy_vs_flops(sub))
+        add(f"accuracy_curves{sfx}", plotting.plot_accuracy_curves(sub, curves, s))
+        caption = (
+            f"{model} on {dataset} (sweep {sweep}): test accuracy and speed, mean $\\pm$ std over seeds. "
+            "Step time is the median training step relative to the mean dense step."
+        ).replace("_", r"\_")
+        files[f"main_table{sfx}.tex"] = _latex(main_table(sub), caption).encode()
+    if bench is not None:
+        speed = plotting.layer_speedups(bench)
+        for n_in, n_out, mode in speed[["n_in", "n_out", "mode"]].drop_duplicates().values.tolist():
+            add(f"layer_speedup_{n_in}x{n_out}_{mode}", plotting.plot_layer_speedup(speed, n_in, n_out, mode))
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in sorted(files):
+        path = out_dir / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_bytes(files[name])
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments figures",
+        description="Redraw a sweep's figures (PNG, PDF) and main LaTeX table from its committed tables, byte for byte.",
+    )
+    p.add_argument("sweep", help="sweep folder under the results root, e.g. paper")
+    p.add_argument("--out", help="output folder (default RESULTS_ROOT/SWEEP/figures)")
+    p.add_argument("--results-root", default="results", help="results root (default ./results)")
+    p.add_argument("--curve-sparsity", type=float, help="target sparsity of the accuracy-curve figure (default 0.9 or the highest)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point; returns the exit status (0 ok, 2 bad input).
+
+    Args:
+        argv: Arguments after ``figures`` (default ``sys.argv[1:]``).
+    """
+    args = _parser().parse_args(argv)
+    try:
+        written = draw_figures(args.sweep, args.out, args.results_root, args.curve_sparsity)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} files to {written[0].parent}")
+    for path in written:
+        print(f"  {path.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
