@@ -41,7 +41,7 @@ def _runs_and_curves() -> tuple[pd.DataFrame, pd.DataFrame]:
                 n += 1
                 run_id = f"{impl}-{n:04d}"
                 density = 1.0 - s
-                acc = 0.965 - 0.25 * s**12 + rng.normal(0, 0.002)
+                acc = 0.965 - 0.25 * s**14 + rng.normal(0, 0.002)
                 step = {"dense": 2.0, "masked": 2.3, "sparse_tensor": 0.4 + 3.0 * density, "tfmot": 2.6}[impl]
                 lat1 = {"dense": 0.20, "masked": 0.24, "sparse_tensor": 0.05 + 0.4 * density, "tfmot": 0.26}[impl]
                 lat256 = {"dense": 1.5, "masked": 1.8, "sparse_tensor": 0.2 + 4.0 * density, "tfmot": 1.9}[impl]
@@ -73,15 +73,21 @@ def _runs_and_curves() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _layer_speed() -> pd.DataFrame:
-    """A small table with the columns benchmarks/layer_speed.py writes."""
+    """A small table with the columns benchmarks/layer_speed.py writes, shaped like a real CPU's.
+
+    Sparse kernels cost a fixed part plus a part per nonzero, so they beat
+    dense only past ~85 % sparsity and never reach the ideal; COO's cost grows
+    with the batch faster than dense's.
+    """
     rows = []
     for mode in ("forward", "train_step"):
         for batch in (1, 256):
-            for s in (0.0, 0.5, 0.9, 0.99):
+            for s in (0.0, 0.5, 0.8, 0.9, 0.99):
                 d = 1.0 - s
-                for impl, ms in (("dense", 1.0), ("masked", 1.2), ("coo", 0.1 + 2.0 * d), ("csr", 0.08 + 1.5 * d),
-                                 ("densify", 1.1), ("auto", 0.08 + 1.4 * d if s >= 0.9 else 1.05)):
-                    ms *= 1.0 if batch == 1 else 20.0 * (1.0 + (impl in ("coo", "csr")) * 0.5)
+                csr = 0.08 + 6.0 * d
+                for impl, ms in (("dense", 1.0), ("masked", 1.2), ("coo", 0.1 + 8.0 * d), ("csr", csr),
+                                 ("densify", 1.1), ("auto", min(csr, 1.1))):
+                    ms *= 1.0 if batch == 1 else 20.0 * (4.0 if impl == "coo" else 1.0)
                     rows.append(dict(n_in=784, n_out=300, batch=batch, sparsity=s, nnz=int(235200 * d), impl=impl, mode=mode,
                                      median_ms=ms, min_ms=ms * 0.9, reps=5, auto_choice="csr", grad_rule="dense"))
     return pd.DataFrame(rows)

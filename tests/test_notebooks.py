@@ -1,0 +1,127 @@
+"""The notebooks run top to bottom on a real ipykernel from this environment, and their claims hold.
+
+Each notebook is executed with nbclient on the ``python3`` kernel, which
+jupyter_client resolves to the interpreter running the tests (the project's
+venv; checked by a cell appended to the in-memory copy), with the working
+directory set to ``notebooks/`` as Jupyter would. Notebooks are committed
+without outputs. Every notebook asserts the claims in its text against the
+data, so a stale claim fails its test; one test changes a number in a copy of
+the data and checks that the notebook then fails.
+
+Data: notebook 01 runs against the committed reference sweep ``results/paper``
+(skipped only while that folder is absent) and, always, against a synthetic
+sweep; notebook 02 against ``results/benchmarks/layer_speed.csv`` (skipped
+while absent) and a synthetic benchmark table; notebook 03 against the
+committed ``results/partial_freezing`` tables.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from tests.test_figures import write_synthetic
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+RESULTS = REPO / "results"
+NB01 = NOTEBOOKS / "01_compare_implementations.ipynb"
+NB02 = NOTEBOOKS / "02_sparse_kernels.ipynb"
+NB03 = NOTEBOOKS / "03_partial_freezing.ipynb"
+ALL = [NB01, NB02, NB03]
+ROOT_LINE = 'RESULTS_ROOT = ROOT / "results"'
+SWEEP_LINE = 'SWEEP = "paper"'
+CHECK = "import sys; print(sys.executable)"
+
+
+def _patch(nb: nbformat.NotebookNode, old: str, new: str) -> None:
+    hits = [c for c in nb.cells if c.cell_type == "code" and old in c.source]
+    assert len(hits) == 1, f"expected exactly one code cell containing {old!r}, found {len(hits)}"
+    hits[0].source = hits[0].source.replace(old, new)
+
+
+def run_notebook(path: Path, results_root: Path | None = None, sweep: str | None = None) -> nbformat.NotebookNode:
+    """Execute a copy of ``path`` in ``notebooks/``; optionally point it at other data."""
+    nb = nbformat.read(path, as_version=4)
+    if results_root is not None:
+        _patch(nb, ROOT_LINE, f"RESULTS_ROOT = Path({str(results_root)!r})")
+    if sweep is not None:
+        _patch(nb, SWEEP_LINE, f"SWEEP = {sweep!r}")
+    nb.cells.append(nbformat.v4.new_code_cell(CHECK))
+    client = NotebookClient(
+        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(NOTEBOOKS)}}, allow_errors=False
+    )
+    client.execute()
+    printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream").strip()
+    assert Path(printed).resolve() == Path(sys.executable).resolve(), f"kernel ran {printed!r}, not {sys.executable!r}"
+    return nb
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic(tmp_path_factory.mktemp("results"))
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.stem)
+def test_notebook_is_committed_without_outputs_and_checks_its_claims(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, path.name
+    for cell in code:
+        assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: cell {cell.get('id')} has outputs"
+    assert sum("assert " in c.source for c in code) >= 1, f"{path.name}: no cell checks a claim against the data"
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+def test_01_on_the_reference_sweep() -> None:
+    if not (RESULTS / "paper" / "runs.csv").is_file():
+        pytest.skip("results/paper/runs.csv is not committed yet (run experiments/configs/paper.toml)")
+    run_notebook(NB01)
+
+
+def test_01_runs_on_a_synthetic_sweep(synthetic: Path) -> None:
+    nb = run_notebook(NB01, results_root=synthetic, sweep="synthetic")
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "largest |achieved - target|: 0.0000 points" in text
+    images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert images >= 5  # figures 1-5 drawn and shown
+
+
+def test_02_on_the_committed_layer_benchmark() -> None:
+    if not (RESULTS / "benchmarks" / "layer_speed.csv").is_file():
+        pytest.skip("results/benchmarks/layer_speed.csv is not committed yet (run benchmarks/layer_speed.py)")
+    run_notebook(NB02)
+
+
+def test_02_runs_on_a_synthetic_benchmark(synthetic: Path) -> None:
+    run_notebook(NB02, results_root=synthetic)
+
+
+def test_03_on_the_committed_partial_freezing_results() -> None:
+    assert (RESULTS / "partial_freezing" / "results.csv").is_file(), "results/partial_freezing/results.csv is committed"
+    run_notebook(NB03)
+
+
+def test_03_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
+    """Frozen accuracy raised to the partial methods': claim 3 (partial beats frozen by 3 points) no longer holds."""
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS / "partial_freezing", root / "partial_freezing")
+    table = root / "partial_freezing" / "results.csv"
+    lines = table.read_text().splitlines()
+    frozen = [i for i, line in enumerate(lines) if line.startswith("frozen,")]
+    assert len(frozen) == 1
+    fields = lines[frozen[0]].split(",")
+    header = lines[0].split(",")
+    partial_acc = [line.split(",")[header.index("test_accuracy")] for line in lines if line.startswith("partial,")][0]
+    fields[header.index("test_accuracy")] = partial_acc
+    lines[frozen[0]] = ",".join(fields)
+    table.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CellExecutionError, match="AssertionError"):
+        run_notebook(NB03, results_root=root)
