@@ -643,12 +643,14 @@ def plot_partial_freezing(results: pd.DataFrame, ax: Axes | None = None) -> Figu
                 hatch=["" if f else "///" for f in fixed], edgecolor="white", linewidth=0.5)
         ax.set_yticks(y, r["name"])
         lo = float(r["test_accuracy"].min() * _PCT)
-        ax.set_xlim(max(0.0, lo - 10.0), min(100.0, float(r["test_accuracy"].max() * _PCT) + 3.0))
+        ax.set_xlim(max(0.0, lo - 10.0), min(100.0, float(r["test_accuracy"].max() * _PCT) + 4.0))
         ax.set_xlabel(_ACC_LABEL)
         ax.grid(axis="y", visible=False)
         ax.legend(
             handles=[matplotlib.patches.Patch(color=OKABE_ITO["blue"], label="pretrained rows bitwise fixed"),
                      matplotlib.patches.Patch(facecolor=OKABE_ITO["orange"], hatch="///", edgecolor="white", label="pretrained rows drift")],
-            loc="lower right",
+            loc="lower left", bbox_to_anchor=(0.0, 1.01), borderaxespad=0.0, ncols=1,
         )
+        for yi, acc in zip(y, r["test_accuracy"] * _PCT):
+            ax.annotate(f"{acc:.1f}", (acc, yi), xytext=(2, 0), textcoords="offset points", va="center", fontsize=6.5)
     return fig

@@ -130,7 +130,8 @@ def drawn(synthetic: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_two_draws_are_byte_identical_across_processes(synthetic: Path, drawn: Path, tmp_path: Path) -> None:
     out_b = tmp_path / "figs_b"
-    env = dict(os.environ, PYTHONHASHSEED="12345", MPLBACKEND="pdf")  # another hash seed and default backend
+    # another hash seed, default backend and build date: none of them may reach the files
+    env = dict(os.environ, PYTHONHASHSEED="12345", MPLBACKEND="pdf", SOURCE_DATE_EPOCH="86400")
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.figures", "synthetic", "--results-root", str(synthetic), "--out", str(out_b)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
