@@ -137,6 +137,77 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def _crossover(sub: pd.DataFrame, impls: tuple[str, ...]) -> str:
+    """Lowest measured sparsity from which the best of ``impls`` beats dense at every higher sparsity."""
+    piv = sub.pivot_table(index="sparsity", columns="impl", values="median_ms").sort_index()
+    wins = (piv[list(impls)].min(axis=1) < piv["dense"]).to_numpy()
+    for i in range(len(wins)):
+        if wins[i:].all():
+            return f"{piv.index[i]:.2f}"
+    return "none"
+
+
+def write_report(df: pd.DataFrame, path: Path) -> str:
+    """Markdown summary: crossovers per size and batch, and the issue's targets."""
+    lines = ["# Layer speed: dense vs masked vs sparse", ""]
+    lines.append(
+        "Medians of interleaved runs (`benchmarks/layer_speed.py`), TF intra-op threads 2, inter-op 1, on the shared "
+        "2-core machine. `train_step` = forward + backward + Adam update. Full data: `layer_speed.csv`; "
+        "ratios per point: `layer_speed_summary.csv`."
+    )
+    lines += ["", "## Crossover sparsity (sparse faster than dense from here up)", ""]
+    lines.append("| size | batch | forward: auto | forward: best of coo/csr | train step: auto | train step: best of coo/csr |")
+    lines.append("|---|---|---|---|---|---|")
+    for (n_in, n_out, batch), sub in df.groupby(["n_in", "n_out", "batch"]):
+        f, t = sub[sub["mode"] == "forward"], sub[sub["mode"] == "train_step"]
+        lines.append(
+            f"| {n_in}x{n_out} | {batch} | {_crossover(f, ('auto',))} | {_crossover(f, ('coo', 'csr'))} "
+            f"| {_crossover(t, ('auto',))} | {_crossover(t, ('coo', 'csr'))} |"
+        )
+    piv = df.pivot_table(index=["n_in", "n_out", "batch", "sparsity", "mode"], columns="impl", values="median_ms")
+
+    def ratio(s, mode, num, den):
+        try:
+            return float(piv.loc[(1024, 1024, 256, s, mode), num] / piv.loc[(1024, 1024, 256, s, mode), den])
+        except KeyError:
+            return float("nan")
+
+    r90 = ratio(0.9, "forward", "dense", "auto")
+    r99 = ratio(0.99, "forward", "dense", "auto")
+    step90 = ratio(0.9, "train_step", "auto", "dense")
+    coo90 = ratio(0.9, "train_step", "coo", "dense")
+    worst = piv["auto"] / piv[["dense", "coo", "csr"]].min(axis=1)
+    worst_kernel = piv["auto"] / piv[["coo", "csr", "densify"]].min(axis=1)
+    n_bad = int((worst > 1.1).sum())
+    n_bad_kernel = int((worst_kernel > 1.1).sum())
+    ok = lambda c: "met" if c else "**not met**"  # noqa: E731
+    lines += ["", "## Targets (1024x1024, batch 256, this run)", ""]
+    lines.append("| target | measured | status |")
+    lines.append("|---|---|---|")
+    lines.append(f"| auto forward at 90% >= 1.8x faster than dense | {r90:.2f}x | {ok(r90 >= 1.8)} |")
+    lines.append(f"| auto forward at 99% >= 5x faster than dense | {r99:.2f}x | {ok(r99 >= 5)} |")
+    lines.append(f"| SparseDense (auto) train step at 90% <= 1.5x dense step | {step90:.2f}x (COO: {coo90:.2f}x) | {ok(step90 <= 1.5)} |")
+    lines.append(
+        f"| auto never >10% slower than the fastest of dense, coo, csr | worst {worst.max():.2f}x; "
+        f"{n_bad} of {len(worst)} points over 1.1x | {ok(n_bad == 0)} |"
+    )
+    lines.append(
+        f"| (same, against the kernels auto chooses from: coo, csr, densify) | worst {worst_kernel.max():.2f}x; "
+        f"{n_bad_kernel} of {len(worst_kernel)} points over 1.1x | {ok(n_bad_kernel == 0)} |"
+    )
+    lines += ["", "## Forward and train step at batch 256 (ms, speed-up vs dense)", ""]
+    lines.append("| size | sparsity | mode | dense | masked | coo | csr | densify | auto | auto speed-up | ideal 1/density |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (n_in, n_out, batch, sp, mode), row in piv.iterrows():
+        if batch != 256:
+            continue
+        cells = " | ".join(f"{row[c]:.2f}" for c in ("dense", "masked", "coo", "csr", "densify", "auto"))
+        lines.append(f"| {n_in}x{n_out} | {sp:.2f} | {mode} | {cells} | {row['dense'] / row['auto']:.2f}x | {1 / max(1 - sp, 1e-9):.0f}x |")
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
 def fit_cost_model(df: pd.DataFrame) -> dict[str, tuple[float, ...]]:
     """Non-negative least squares of forward times on the cost model's five terms (relative error weighting)."""
     from scipy.optimize import nnls
@@ -170,8 +241,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="results/benchmarks/layer_speed.csv")
     parser.add_argument("--fit", action="store_true", help="print a cost model refitted to these forward times")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the .md summary from an existing csv")
     args = parser.parse_args()
 
+    if args.report_only:
+        print(write_report(pd.read_csv(args.out), Path(args.out).with_suffix(".md")))
+        return
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     print(
@@ -210,6 +285,7 @@ def main() -> None:
     summary.to_csv(out.with_name(out.stem + "_summary.csv"), index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500):
         print(summary.to_string(index=False))
+    print(write_report(df, out.with_suffix(".md")))
     print(f"wrote {out} ({len(df)} rows) in {time.perf_counter() - t0:.0f}s")
     if args.fit:
         for k, coef in fit_cost_model(df).items():

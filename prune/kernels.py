@@ -85,8 +85,8 @@ _SAMPLED_CHUNK_ELEMENTS = 1 << 21  # 2M products (8 MB per float32 operand) per 
 # Cost model, in nanoseconds. _COST is a non-negative least-squares fit (on
 # relative error) of forward medians measured by
 # `benchmarks/layer_speed.py --fit` on the 2-core reference machine (TF
-# intra-op threads = 2, sizes 1024x1024 and 784x300, batch 1/32/256, sparsity
-# 0-99%); "fixed" includes the tf.function call overhead. Only the ranking of
+# intra-op threads = 2, sizes 1024x1024 and 784x300 at sparsity 0-99%,
+# 4096x4096 at 90-99%, batch 1/32/256); "fixed" includes the tf.function call overhead. Only the ranking of
 # the kernels matters. Each kernel's time is
 #     fixed + per_nnz * nnz + per_term * nnz * batch + per_cell * n_in * n_out + per_mac * n_in * n_out * batch
 # "per_cell" is the cost of touching the dense [n_in, n_out] matrix once
@@ -95,9 +95,9 @@ _SAMPLED_CHUNK_ELEMENTS = 1 << 21  # 2M products (8 MB per float32 operand) per 
 # multiplies on every core; COO converts nothing but runs on one thread.
 _COST = {
     #           fixed      per_nnz per_term per_cell per_mac
-    "dense": (278_600.0, 2.721, 0.0, 0.7729, 0.01665),
-    "coo": (451_800.0, 7.755, 1.567, 0.2272, 0.01041),
-    "csr": (669_600.0, 20.06, 0.04983, 0.0, 0.005435),
+    "dense": (170_000.0, 3.909, 0.0, 1.084, 0.01986),
+    "coo": (439_400.0, 8.298, 2.44, 0.0, 0.01036),
+    "csr": (579_500.0, 25.28, 0.1217, 0.02085, 0.005663),
 }
 # Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
 # gathers and a multiply-reduce per (entry, batch) term.
