@@ -37,8 +37,12 @@ import argparse
 import io
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "FIGURE_NAMES",
@@ -176,7 +180,7 @@ def _latex(table: pd.DataFrame, caption: str) -> str:
     return shown.to_latex(index=False, escape=False, column_format="llrrrr", caption=caption, label="tab:main", position="t")
 
 
-def render(fig: object, fmt: str) -> bytes:
+def render(fig: Figure, fmt: str) -> bytes:
     """The bytes of ``fig`` saved as ``fmt`` (``png`` or ``pdf``) with pinned metadata, in the project style."""
     from experiments.plotting import use_style
 
@@ -184,7 +188,7 @@ def render(fig: object, fmt: str) -> bytes:
         raise ValueError(f"fmt must be 'png' or 'pdf', got {fmt!r}")
     buf = io.BytesIO()
     with use_style():
-        fig.savefig(buf, format=fmt, metadata=PNG_METADATA if fmt == "png" else PDF_METADATA)  # type: ignore[attr-defined]
+        fig.savefig(buf, format=fmt, metadata=PNG_METADATA if fmt == "png" else PDF_METADATA)
     return buf.getvalue()
 
 
@@ -232,7 +236,7 @@ def draw_figures(
 
     files: dict[str, bytes] = {}
 
-    def add(name: str, fig: object) -> None:
+    def add(name: str, fig: Figure) -> None:
         for fmt in ("png", "pdf"):
             files[f"{name}.{fmt}"] = render(fig, fmt)
 
