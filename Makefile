@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench figures clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+figures: $(STAMP)
+	$(PY) -m experiments.figures paper
 
 bench: $(STAMP)
 	$(PY) benchmarks/fit_step.py
