@@ -149,7 +149,7 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
     from tqdm import tqdm
 
     from experiments import provenance
-    from experiments.cluster import Job, WorkerDied, run_dask, run_local
+    from experiments.cluster import Job, run_dask, run_local
     from experiments.run_one import result_path
     from experiments.store import Store, atomic_write
     from experiments.summary import format_summary, overhead, summarize
@@ -198,10 +198,6 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
             run_dask(todo, args.scheduler, context, on_result)
         elif todo:
             run_local(todo, args.workers, context, on_result)
-    except WorkerDied as e:
-        bar.close()
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     except OSError as e:
         bar.close()
         print(f"error: cannot reach the Dask scheduler {args.scheduler}: {e}", file=sys.stderr)

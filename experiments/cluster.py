@@ -1,12 +1,14 @@
 """Where runs execute: a local pool of reused worker processes, or a Dask cluster.
 
-Local (``--workers N``): runs are grouped by kind. ``keras3`` runs (dense,
-masked, sparse_tensor) go to N spawned worker processes that import
-TensorFlow once and are reused for every run; then ``legacy`` runs (tfmot) go
-to N fresh processes that set ``TF_USE_LEGACY_KERAS=1`` before importing
-TensorFlow. The two groups never overlap, so at most N workers exist at a time,
-each with ``cores // N`` TensorFlow intra-op threads (inter-op 1), which
-keeps the cores from being oversubscribed. Workers exit when the runner dies.
+Local (``--workers N``): N slots, each holding one spawned worker process
+that imports TensorFlow once and is reused for every following run of its
+kind: ``keras3`` (dense, masked, sparse_tensor) or ``legacy`` (tfmot, with
+``TF_USE_LEGACY_KERAS=1`` set before TensorFlow is imported). Keras 3 runs go
+first; a slot whose next run is of the other kind replaces its process. At most
+N workers exist at a time, each with ``cores // N`` TensorFlow intra-op threads
+(inter-op 1), so the cores are not oversubscribed. Workers exit when the
+runner dies (they watch their parent), so a ``kill -9`` leaves no orphan
+writing into the sweep.
 
 Dask (``--scheduler tcp://HOST:PORT``): the same task function is submitted to
 an existing cluster. Dask worker processes are long-lived and hold Keras 3, so
@@ -31,12 +33,9 @@ from typing import Any, Callable
 
 from experiments.config import RunConfig, to_dict
 from experiments.run_one import init_process, kind_of, run_task
+from experiments.store import config_columns
 
-__all__ = ["Job", "available_cores", "run_local", "run_dask", "WorkerDied"]
-
-
-class WorkerDied(RuntimeError):
-    """A worker process died (not a Python exception in a run); rerun to redo the unfinished runs."""
+__all__ = ["Job", "available_cores", "run_local", "run_dask"]
 
 
 @dataclass(frozen=True)
@@ -55,40 +54,74 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _spawn(kind: str, threads: int) -> cf.ProcessPoolExecutor:
+    # One process per slot: a pool of one, so a crash is pinned to the run it was doing.
+    return cf.ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=init_process,
+        initargs=(kind, threads, time.time(), True),
+    )
+
+
+def _died(job: Job, context: dict[str, Any], error: BaseException) -> dict[str, Any]:
+    row = {
+        **config_columns(job.run, context.get("sweep", "")),
+        "status": "failed",
+        "error": f"worker process died while running it ({type(error).__name__}: {error})"[:500],
+    }
+    return {"row": row, "curves": []}
+
+
 def run_local(
     jobs: list[Job], workers: int, context: dict[str, Any], on_result: Callable[[Job, dict[str, Any]], None]
 ) -> None:
     """Run ``jobs`` on ``workers`` local processes, calling ``on_result`` in this process as each finishes.
 
-    Raises:
-        WorkerDied: a worker process crashed; finished runs were already reported.
+    There are ``workers`` slots, each holding one live worker process of one
+    kind, reused for as long as the next run is of the same kind. Runs are
+    taken in order, Keras 3 runs first; when a slot's next run is of the other
+    kind its process is replaced, so the tfmot runs start while the last Keras 3
+    runs are still finishing in other slots, and never more than ``workers``
+    processes exist. A run whose worker process dies (crash, out of memory) is
+    reported as failed, and its slot gets a fresh process.
     """
     threads = max(1, available_cores() // workers)
-    groups: dict[str, list[Job]] = collections.defaultdict(list)
-    for job in jobs:
-        groups[kind_of(job.run)].append(job)
-    ctx = multiprocessing.get_context("spawn")
-    for kind in ("keras3", "legacy"):
-        group = groups.get(kind, [])
-        if not group:
-            continue
-        with cf.ProcessPoolExecutor(
-            max_workers=min(workers, len(group)),
-            mp_context=ctx,
-            initializer=init_process,
-            initargs=(kind, threads, time.time(), True),
-        ) as pool:
-            futures = {pool.submit(run_task, to_dict(j.run), str(j.run_dir), context, threads): j for j in group}
-            broken = None
-            for fut in cf.as_completed(futures):
+    pending = collections.deque(sorted(jobs, key=lambda j: kind_of(j.run) == "legacy"))
+    slots: list[tuple[str, cf.ProcessPoolExecutor] | None] = [None] * min(workers, len(pending))
+    running: dict[cf.Future, tuple[int, Job]] = {}
+
+    def submit(i: int) -> None:
+        job = pending.popleft()
+        kind = kind_of(job.run)
+        slot = slots[i]
+        if slot is None or slot[0] != kind:
+            if slot is not None:
+                slot[1].shutdown(wait=True)
+            slots[i] = slot = (kind, _spawn(kind, threads))
+        fut = slot[1].submit(run_task, to_dict(job.run), str(job.run_dir), context, threads)
+        running[fut] = (i, job)
+
+    try:
+        for i in range(len(slots)):
+            submit(i)
+        while running:
+            done, _ = cf.wait(list(running), return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                i, job = running.pop(fut)
                 try:
                     record = fut.result()
                 except cf.process.BrokenProcessPool as e:
-                    broken = e
-                    continue
-                on_result(futures[fut], record)
-            if broken is not None:
-                raise WorkerDied(f"a {kind} worker process died ({broken}); rerun to redo the unfinished runs")
+                    record = _died(job, context, e)
+                    slots[i][1].shutdown(wait=False)  # type: ignore[index]
+                    slots[i] = None
+                on_result(job, record)
+                if pending:
+                    submit(i)
+    finally:
+        for slot in slots:
+            if slot is not None:
+                slot[1].shutdown(wait=True, cancel_futures=True)
 
 
 def _threads_per_worker(client: Any) -> int:

@@ -13,6 +13,7 @@ Images keep their spatial shape ``(N, H, W, C)``; models flatten as needed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import os
 import pickle
@@ -165,8 +166,9 @@ def _keras_cached(name: str) -> tuple[np.ndarray, ...]:
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), x_te, y_te
 
 
+@functools.lru_cache(maxsize=4)
 def load(config: DatasetConfig) -> Data:
-    """Load a dataset offline, deterministically.
+    """Load a dataset offline, deterministically; cached per process (reused workers load once).
 
     Raises:
         DataUnavailable: a Keras dataset is not cached.
