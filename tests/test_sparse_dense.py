@@ -251,3 +251,17 @@ def test_checkpoint_save_and_restore(tmp_path, trained_sparse_model):
     np.testing.assert_array_equal(clone.layers[0].values.numpy(), model.layers[0].values.numpy())
     np.testing.assert_array_equal(clone.layers[0].indices.numpy(), model.layers[0].indices.numpy())
     np.testing.assert_array_equal(clone(x).numpy(), model(x).numpy())
+
+
+def test_checkpoint_restores_a_longer_structure_after_compaction(tmp_path):
+    w, mask = _weights(5, 4, 0.3)
+    layer = SparseDense.from_dense(w, mask)
+    x = np.random.default_rng(3).standard_normal((2, 5)).astype(np.float32)
+    before, nnz = layer(x).numpy(), layer.nnz
+    prefix = tf.train.Checkpoint(layer=layer).save(str(tmp_path / "ckpt"))
+    layer.compact(np.arange(nnz) < 3)
+    assert layer.nnz == 3
+    tf.train.Checkpoint(layer=layer).restore(prefix).assert_consumed()
+    assert layer.nnz == nnz and tuple(layer.values.shape) == (nnz,)
+    np.testing.assert_array_equal(layer.get_mask(), mask)
+    np.testing.assert_allclose(layer(x).numpy(), before, rtol=1e-6)

@@ -300,10 +300,21 @@ class SparseDense(keras.layers.Layer):
     @property
     def nnz(self) -> int:
         """Number of stored entries."""
+        self._sync_shapes()
         return int(self.values.shape[0])
+
+    def _structural(self) -> tuple[Any, ...]:
+        return (self.values, self.indices, self.transpose_perm, self.transpose_indices)
+
+    def _sync_shapes(self) -> None:
+        # tf.train.Checkpoint restores straight into the backing variables,
+        # which may change their length: bring the Keras-side shapes up to date.
+        for var in self._structural():
+            var._shape = tuple(int(d) for d in tf.shape(var._value).numpy())
 
     def to_dense(self) -> np.ndarray:
         """The weight as a dense ``[n_in, n_out]`` array (+0.0 where absent)."""
+        self._sync_shapes()
         dense = np.zeros(self.dense_shape, dtype=self.values.dtype)
         idx = self.indices.numpy()
         dense[idx[:, 0], idx[:, 1]] = self.values.numpy()
@@ -343,6 +354,7 @@ class SparseDense(keras.layers.Layer):
         """
         if not self.built:
             raise ValueError(f"layer {self.name!r} must be built before compact")
+        self._sync_shapes()
         idx = self.indices.numpy()
         arr = np.asarray(keep)
         if arr.shape == (self.nnz,) and arr.shape != tuple(self.dense_shape):
@@ -374,7 +386,7 @@ class SparseDense(keras.layers.Layer):
             raise ValueError(f"layer {self.name!r} expected {len(all_vars)} variables, the store has {len(store.keys())}")
         for i, v in enumerate(all_vars):
             value = np.asarray(store[str(i)])
-            structural = any(v is w for w in (self.values, self.indices, self.transpose_perm, self.transpose_indices))
+            structural = any(v is w for w in self._structural())
             if structural and value.shape[1:] == tuple(v.shape[1:]):
                 _make_dynamic(v, value)
             else:
