@@ -44,7 +44,8 @@ the stored ``(i, j)`` only). TF's own COO gradient materialises an
   BLAS at ~0.015 ns per multiply-add, ~100x cheaper per term than a gather.
 * ``"sampled"`` rule, at very high sparsity (or batch 1): gather the needed
   rows of ``x^T`` and ``dy^T`` and reduce over the batch (a sampled
-  dense-dense product, SDDMM), in chunks of at most ``_SAMPLED_CHUNK_ELEMENTS``
+  dense-dense product, SDDMM; Nisa et al., "Sampled Dense Matrix
+  Multiplication for High-Performance Machine Learning", HiPC 2018), in chunks of at most ``_SAMPLED_CHUNK_ELEMENTS``
   products, so the ``[nnz, batch]`` intermediate is never whole. Its cost is
   ``~nnz * batch`` gathered terms plus a per-entry row-gather overhead, which
   beats the dense rule only when the density is below roughly 1.5% at batch

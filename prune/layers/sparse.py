@@ -41,6 +41,18 @@ criterion on the dense view, where absent entries are zeros and count as
 already pruned; same exact top-k), so a masked-dense model and a
 ``SparseDense`` model pruned by the same schedule select the same masks. Only
 ``scope="layer"`` is supported.
+
+``SparseDense`` is deliberately not a :class:`prune.layers.PrunableLayer`:
+it has no dense ``kernel`` or ``kernel_mask`` for :func:`prune.update_masks`,
+:func:`prune.strip_pruning` or :func:`prune.apply_masked_gradients` to act
+on, and a dense mask variable would defeat the memory saving. So
+:class:`prune.UpdatePruningStep` does not see it; train with
+:class:`SparsePruningStep`, which drives masked and sparse layers together::
+
+    model.fit(x, y, callbacks=[SparsePruningStep()])
+
+In a custom loop call :func:`update_sparse_masks` eagerly before the step
+and retrace the compiled step when it returns ``retrace=True``.
 """
 
 from __future__ import annotations
