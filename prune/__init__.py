@@ -9,6 +9,7 @@ sets ``TF_USE_LEGACY_KERAS=1`` for the whole process. tfmot is only touched in
 """
 
 from prune import embeddings
+from prune.convert import ConversionWarning, convert, unconvertible_layers
 from prune.api import is_pruned, prune_low_magnitude, strip_pruning, unsupported_layers
 from prune.freezing import (
     CapRowNorm,
@@ -31,11 +32,15 @@ from prune.schedules import (
     PruningSchedule,
     register_schedule,
 )
-from prune.training import UpdatePruningStep, apply_masked_gradients, mask_gradients
+from prune.training import SparsePruningStep, UpdatePruningStep, apply_masked_gradients, mask_gradients
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConversionWarning",
+    "SparsePruningStep",
+    "convert",
+    "unconvertible_layers",
     "CapRowNorm",
     "DropRows",
     "FrozenEntries",

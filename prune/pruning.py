@@ -15,7 +15,7 @@ import numpy as np
 from prune import masks as _masks
 from prune.layers.masked import PrunableLayer, apply_mask
 
-__all__ = ["iter_layers", "prunable_layers", "update_masks", "get_step", "set_step"]
+__all__ = ["iter_layers", "prunable_layers", "stepped_layers", "update_masks", "get_step", "set_step"]
 
 
 def iter_layers(model: Any) -> Iterator[Any]:
@@ -39,15 +39,20 @@ def prunable_layers(model: Any) -> list[PrunableLayer]:
     return [layer for layer in iter_layers(model) if isinstance(layer, PrunableLayer)]
 
 
+def stepped_layers(model: Any) -> list[Any]:
+    """Layers that keep a ``pruning_step`` counter: masked layers and ``SparseDense``."""
+    return [layer for layer in iter_layers(model) if getattr(type(layer), "keeps_pruning_step", False)]
+
+
 def get_step(model: Any) -> int:
     """The pruning step counter (number of training steps taken so far)."""
-    layers = [layer for layer in prunable_layers(model) if layer.built]
+    layers = [layer for layer in stepped_layers(model) if layer.built]
     return int(layers[0].pruning_step.numpy()) if layers else 0
 
 
 def set_step(model: Any, step: int) -> None:
-    """Set every prunable layer's step counter."""
-    for layer in prunable_layers(model):
+    """Set every masked or sparse layer's step counter."""
+    for layer in stepped_layers(model):
         if layer.built:
             layer.pruning_step.assign(step)
 

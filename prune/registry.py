@@ -81,6 +81,8 @@ def unsupported(model: Any) -> list[tuple[Any, list[Any]]]:
         seen.add(id(layer))
         if isinstance(layer, PrunableLayer) or masked_class_for(layer) is not None:
             continue
+        if getattr(type(layer), "keeps_pruning_step", False):
+            continue  # carries its own sparsity (SparseDense)
         if isinstance(layer, keras.Model) or _has_prunable(layer):
             stack.extend(reversed(_children(layer)))
             continue

@@ -53,7 +53,8 @@ def sparsity_report(model: Any) -> pd.DataFrame:
             dense weight and of its nonzeros; 0 for embedding lookups, NaN when
             a convolution's output size is unknown.
         dense_bytes: bytes of the weight stored densely.
-        status: ``"pruned"`` (has a mask) or ``"dense (unsupported)"``.
+        status: ``"pruned"`` (has a mask), ``"sparse"`` (a ``SparseDense``) or
+            ``"dense (unsupported)"``.
     """
     units = [
         (layer, [(n, layer.weight_and_mask(n)[0]) for n in layer.prunable_weight_names], "pruned")
@@ -61,7 +62,7 @@ def sparsity_report(model: Any) -> pd.DataFrame:
         if isinstance(layer, PrunableLayer) and layer.built
     ]
     units += [(layer, [(w.name, w) for w in weights], "dense (unsupported)") for layer, weights in unsupported(model)]
-    rows = []
+    rows = [_sparse_row(layer) for layer in iter_layers(model) if hasattr(layer, "sparse_weight") and layer.built]
     for layer, names, status in units:
         positions = _output_positions(layer)
         for name, w in names:
@@ -82,3 +83,23 @@ def sparsity_report(model: Any) -> pd.DataFrame:
                 )
             )
     return pd.DataFrame(rows, columns=REPORT_COLUMNS)
+
+
+def _sparse_row(layer: Any) -> dict[str, Any]:
+    """A SparseDense weight: stored entries are its indices; nnz counts nonzero stored values."""
+    n_in, n_out = (int(d) for d in layer.dense_shape)
+    values = np.asarray(layer.values.numpy())
+    nnz = int(np.count_nonzero(values))
+    size = n_in * n_out
+    return dict(
+        layer=layer.name,
+        weight="kernel",
+        shape=(n_in, n_out),
+        nnz=nnz,
+        size=size,
+        sparsity=1.0 - nnz / size if size else 0.0,
+        dense_flops=2.0 * size,
+        nonzero_flops=2.0 * nnz,
+        dense_bytes=size * values.dtype.itemsize,
+        status="sparse",
+    )

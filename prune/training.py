@@ -31,13 +31,19 @@ from typing import Any, Iterable
 import keras
 import tensorflow as tf
 
-from prune.pruning import get_step, prunable_layers, set_step, update_masks
+from prune.layers.sparse import update_sparse_masks
+from prune.pruning import prunable_layers, stepped_layers, update_masks
 
-__all__ = ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"]
+__all__ = ["UpdatePruningStep", "SparsePruningStep", "apply_masked_gradients", "mask_gradients"]
 
 
 class UpdatePruningStep(keras.callbacks.Callback):
     """Advance the pruning step and update masks when the schedule says so.
+
+    Drives masked layers (:func:`prune.update_masks`) and ``SparseDense``
+    layers (:func:`prune.layers.sparse.update_sparse_masks`, which shrink their
+    values, indices and optimizer slots) alike; when a sparse layer had to
+    replace optimizer state, the compiled train function is rebuilt.
 
     The step counter lives in each masked layer's ``pruning_step`` variable, so
     it is saved and restored with the model and training resumes where it
@@ -57,13 +63,21 @@ class UpdatePruningStep(keras.callbacks.Callback):
         self._layers: list[Any] = []
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._layers = prunable_layers(self.model)
+        self._layers = stepped_layers(self.model)
         if not self._layers:
             raise ValueError(
-                f"UpdatePruningStep found no prunable layer in model {self.model.name!r}; "
+                f"UpdatePruningStep found no prunable or SparseDense layer in model {self.model.name!r}; "
                 "call prune.prune_low_magnitude(model) first"
             )
-        self._step = get_step(self.model)
+        built = [layer for layer in self._layers if layer.built]
+        self._step = int(built[0].pruning_step.numpy()) if built else 0
+
+    def _update(self, step: int) -> None:
+        optimizer = self._optim()
+        update_masks(self.model, step, optimizer)
+        _, retrace = update_sparse_masks(self.model, step, optimizer)
+        if retrace and getattr(self.model, "train_function", None) is not None:
+            self.model.make_train_function(force=True)
 
     def _optim(self) -> Any:
         return self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
@@ -76,11 +90,11 @@ class UpdatePruningStep(keras.callbacks.Callback):
             # there is no mask to update yet: do it right after the step.
             self._pending = self._step
             return
-        update_masks(self.model, self._step, self._optim())
+        self._update(self._step)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._pending is not None and all(layer.built for layer in self._layers):
-            update_masks(self.model, self._pending, self._optim())
+            self._update(self._pending)
             self._pending = None
         self._step += 1
         for layer in self._layers:
@@ -88,7 +102,13 @@ class UpdatePruningStep(keras.callbacks.Callback):
                 layer.pruning_step.assign(self._step)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        set_step(self.model, self._step)
+        for layer in self._layers:
+            if layer.built:
+                layer.pruning_step.assign(self._step)
+
+
+SparsePruningStep = UpdatePruningStep
+"""Former name of the callback for models with ``SparseDense`` layers; the same class."""
 
 
 def mask_gradients(grads_and_vars: Iterable[tuple[Any, Any]], model: Any) -> list[tuple[Any, Any]]:

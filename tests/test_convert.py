@@ -168,3 +168,21 @@ def test_single_layer():
     np.testing.assert_array_equal(sparse.values.numpy(), np.float32([1, 2, 3, 4]))
     x = tf.constant([[1.0, 2.0, 3.0]])
     np.testing.assert_array_equal(sparse(x).numpy(), dense(x).numpy())
+
+
+def test_report_and_step_counter_cover_sparse_layers():
+    import prune as _prune
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, name="a"), keras.layers.Dense(2, name="b")])
+    masked = _prune.prune_low_magnitude(model, _prune.OneShot(0.6, 0))
+    _prune.update_masks(masked, 0)
+    sparse = _prune.convert(masked, to="sparse")
+    report = _prune.sparsity_report(sparse)
+    assert list(report.status) == ["sparse", "sparse"]
+    assert list(report.nnz) == [12, 4] and list(report["size"]) == [30, 10]
+    assert _prune.unsupported_layers(sparse) == []
+    x = np.random.default_rng(0).normal(size=(8, 6)).astype("float32")
+    sparse.compile("sgd", "mse")
+    sparse.fit(x, x[:, :2], batch_size=4, epochs=1, verbose=0, callbacks=[_prune.UpdatePruningStep()])
+    assert _prune.get_step(sparse) == 2

@@ -69,6 +69,7 @@ class PrunableLayer:
 
     prunable_weight_names: tuple[str, ...] = ("kernel",)
     base_class: type | None = None
+    keeps_pruning_step = True  # has a saved ``pruning_step`` counter (see prune.pruning.stepped_layers)
 
     def __init__(
         self,

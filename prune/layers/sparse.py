@@ -124,6 +124,8 @@ class SparseDense(keras.layers.Layer):
             ``criterion`` or ``scope``.
     """
 
+    keeps_pruning_step = True  # has a saved ``pruning_step`` counter (see prune.pruning.stepped_layers)
+
     def __init__(
         self,
         units: int,
@@ -451,9 +453,9 @@ def update_sparse_masks(model: Any, step: int, optimizer: Any = None) -> tuple[l
     for layer in sparse_layers(model):
         if not layer.built or layer.pruning_schedule is None:
             continue
-        should, sparsity = layer.pruning_schedule(step)
-        if not should:
+        if not layer.pruning_schedule.should_update(step):
             continue
+        sparsity = layer.pruning_schedule(step)[1]
         dense = layer.to_dense()
         scores = _masks.get_criterion(layer.criterion)(dense, layer.seed, f"{layer.name}/kernel")
         keep = _masks.topk_mask(scores, float(sparsity), layer.get_mask())
@@ -462,41 +464,11 @@ def update_sparse_masks(model: Any, step: int, optimizer: Any = None) -> tuple[l
     return names, retrace
 
 
-class SparsePruningStep(keras.callbacks.Callback):
-    """``fit`` callback: :class:`prune.UpdatePruningStep` for models with ``SparseDense`` layers.
+def __getattr__(name: str) -> Any:
+    # SparsePruningStep is prune.UpdatePruningStep, which now drives masked and
+    # sparse layers alike; imported lazily because prune.training imports this module.
+    if name == "SparsePruningStep":
+        from prune.training import UpdatePruningStep
 
-    Before each batch it runs :func:`prune.update_masks` (masked layers) and
-    :func:`update_sparse_masks` (sparse layers, which shrink), and retraces
-    the compiled train step when a compaction replaced optimizer state. After
-    each batch it advances every layer's ``pruning_step`` counter.
-
-    Args:
-        optimizer: Optimizer whose state to edit; defaults to ``model.optimizer``.
-    """
-
-    def __init__(self, optimizer: Any = None) -> None:
-        super().__init__()
-        self._optimizer = optimizer
-        self._step = 0
-
-    def _counters(self) -> list[Any]:
-        layers = prunable_layers(self.model) + sparse_layers(self.model)
-        return [layer.pruning_step for layer in layers if layer.built]
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        if not prunable_layers(self.model) and not sparse_layers(self.model):
-            raise ValueError(f"SparsePruningStep found no prunable or SparseDense layer in model {self.model.name!r}")
-        counters = self._counters()
-        self._step = int(counters[0].numpy()) if counters else 0
-
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        optimizer = self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
-        update_masks(self.model, self._step, optimizer)
-        _, retrace = update_sparse_masks(self.model, self._step, optimizer)
-        if retrace and getattr(self.model, "train_function", None) is not None:
-            self.model.make_train_function(force=True)
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._step += 1
-        for counter in self._counters():
-            counter.assign(self._step)
+        return UpdatePruningStep
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
