@@ -73,6 +73,12 @@ def _died(job: Job, context: dict[str, Any], error: BaseException) -> dict[str, 
     return {"row": row, "curves": []}
 
 
+def _order(job: Job) -> tuple[int, int]:
+    # Keras 3 runs first (one kind switch per slot), and within a kind the short
+    # dense runs last, so the slots finish close together (a shorter tail).
+    return (kind_of(job.run) == "legacy", job.run.implementation.name == "dense")
+
+
 def run_local(
     jobs: list[Job], workers: int, context: dict[str, Any], on_result: Callable[[Job, dict[str, Any]], None]
 ) -> None:
@@ -80,14 +86,14 @@ def run_local(
 
     There are ``workers`` slots, each holding one live worker process of one
     kind, reused for as long as the next run is of the same kind. Runs are
-    taken in order, Keras 3 runs first; when a slot's next run is of the other
-    kind its process is replaced, so the tfmot runs start while the last Keras 3
-    runs are still finishing in other slots, and never more than ``workers``
-    processes exist. A run whose worker process dies (crash, out of memory) is
+    taken in order, Keras 3 runs first and dense runs last within a kind; when
+    a slot's next run is of the other kind its process is replaced, so the
+    tfmot runs start while the last Keras 3 runs are still finishing in other
+    slots, and never more than ``workers`` processes exist. A run whose worker process dies (crash, out of memory) is
     reported as failed, and its slot gets a fresh process.
     """
     threads = max(1, available_cores() // workers)
-    pending = collections.deque(sorted(jobs, key=lambda j: kind_of(j.run) == "legacy"))
+    pending = collections.deque(sorted(jobs, key=_order))
     slots: list[tuple[str, cf.ProcessPoolExecutor] | None] = [None] * min(workers, len(pending))
     running: dict[cf.Future, tuple[int, Job]] = {}
 
