@@ -174,8 +174,10 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
             done.unlink(missing_ok=True)
         elif done.exists():  # finished, but the runner died before writing its row
             record = json.loads(done.read_text())
-            store.add(record["row"], record["curves"])
-            continue
+            if record["row"]["status"] == "ok" or not args.retry_failed:
+                store.add(record["row"], record["curves"])
+                continue
+            done.unlink()
         todo.append(Job(run, run_dir))
 
     finished = len(runs) - len(todo)

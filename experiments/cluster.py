@@ -68,7 +68,7 @@ def _died(job: Job, context: dict[str, Any], error: BaseException) -> dict[str, 
     row = {
         **config_columns(job.run, context.get("sweep", "")),
         "status": "failed",
-        "error": f"worker process died while running it ({type(error).__name__}: {error})"[:500],
+        "error": f"worker process failed while running it ({type(error).__name__}: {error})"[:500],
     }
     return {"row": row, "curves": []}
 
@@ -163,4 +163,9 @@ def run_dask(
             for j in jobs
         }
         for fut in as_completed(futures):
-            on_result(futures[fut], fut.result())
+            job = futures[fut]
+            try:
+                record = fut.result()
+            except Exception as e:  # noqa: BLE001 - the task died (worker lost, import error): record it, go on
+                record = _died(job, context, e)
+            on_result(job, record)
