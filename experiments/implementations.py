@@ -17,7 +17,7 @@ same optimizer settings and the same schedule numbers in steps. They differ in:
   converted at the start by ``prune.convert(masked, to="sparse", matmul=...)``:
   Dense layers become ``prune.layers.SparseDense`` (values at indices; with the
   initial all-ones mask every entry is stored), carrying the schedule, and
-  ``SparsePruningStep`` compacts them at each mask update (values, indices and
+  ``prune.UpdatePruningStep`` compacts them at each mask update (values, indices and
   optimizer slots shrink), so memory and matmul work fall as sparsity rises.
   Mask selection is the same exact top-k as ``masked``; the products differ only
   in summation order (sparse kernels), so accuracy agrees closely, not bitwise.
@@ -176,11 +176,11 @@ def _sparse_tensor_setup(run: RunConfig, plain: Any, spe: int) -> tuple[Any, lis
     """The masked model with its schedule, converted to SparseDense layers that compact at mask updates."""
     import prune
     from prune.convert import convert  # written beside this runner; imported lazily
-    from prune.layers.sparse import SparsePruningStep, sparse_layers
+    from prune.layers.sparse import sparse_layers
 
     masked = prune.prune_low_magnitude(plain, library_schedule(run, spe), seed=run.seed)
     sparse = convert(masked, to="sparse", matmul=run.implementation.matmul)
     layers = sparse_layers(sparse)
     if not layers or any(layer.pruning_schedule is None for layer in layers):
         raise RuntimeError("prune.convert(to='sparse') gave no SparseDense layer carrying the pruning schedule")
-    return sparse, [SparsePruningStep()]
+    return sparse, [prune.UpdatePruningStep()]  # drives masked and SparseDense layers alike
