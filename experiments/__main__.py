@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--results", default="results", help="results root (default ./results)")
     run.add_argument("--dry-run", action="store_true", help="list the grid and write nothing")
     run.add_argument("--retry-failed", action="store_true", help="run failed runs again (default: keep them)")
+    sub.add_parser("figures", help="redraw a sweep's figures from its tables (figures SWEEP --help)", add_help=False)
     st = sub.add_parser("status", help="done, failed and missing runs of a sweep")
     st.add_argument("config", help="sweep TOML file")
     st.add_argument("--results", default="results", help="results root (default ./results)")
@@ -234,6 +235,11 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # inherited by the workers
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["figures"]:  # its own parser; it needs no TensorFlow
+        from experiments.figures import main as figures_main
+
+        return figures_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return cmd_run(args) if args.command == "run" else cmd_status(args)
