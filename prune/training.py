@@ -16,7 +16,7 @@ schedule, and :func:`apply_masked_gradients` applies gradients masked::
             loss = loss_fn(y, model(x, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         prune.apply_masked_gradients(optimizer, zip(grads, model.trainable_variables), model)
-        step.on_train_batch_end(0)            # advances the step counter
+        step.on_train_batch_end(0)            # optional: does nothing
 
 The masked layers already zero the gradient of pruned entries (the forward
 pass multiplies by the mask); :func:`apply_masked_gradients` additionally masks
@@ -45,10 +45,11 @@ class UpdatePruningStep(keras.callbacks.Callback):
     values, indices and optimizer slots) alike; when a sparse layer had to
     replace optimizer state, the compiled train function is rebuilt.
 
-    The step counter lives in each masked layer's ``pruning_step`` variable, so
-    it is saved and restored with the model and training resumes where it
-    stopped. Before each batch the schedules are evaluated at the current step
-    (in Python) and, where one fires, masks are recomputed and the pruned
+    The step counter lives in each masked layer's ``pruning_step`` variable,
+    which the layer advances inside the compiled step on every training-mode
+    call; so it is saved and restored with the model and training resumes where
+    it stopped. Before each batch the schedules are evaluated at the current
+    step (in Python) and, where one fires, masks are recomputed and the pruned
     entries of weights and optimizer slots are set to zero.
 
     Args:
@@ -83,28 +84,23 @@ class UpdatePruningStep(keras.callbacks.Callback):
         return self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        # All work happens here, none in on_train_batch_end: Keras 3 runs
+        # callbacks asynchronously only while no callback overrides a batch-end
+        # hook, and overriding one (or writing a variable eagerly every step)
+        # measured +1.5 ms per LeNet-300-100 step. The saved counters advance
+        # inside the compiled step instead (PrunableLayer.advance_step).
         if not self._layers:  # used in a custom loop without on_train_begin
             self.on_train_begin()
         if any(not layer.built for layer in self._layers):
             # A lazily built model builds its layers inside this first step, so
-            # there is no mask to update yet: do it right after the step.
+            # there is no mask yet: the update for this step runs before the next.
             self._pending = self._step
-            return
-        self._update(self._step)
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self._pending is not None and all(layer.built for layer in self._layers):
-            self._update(self._pending)
-            self._pending = None
+        else:
+            if self._pending is not None:
+                self._update(self._pending)
+                self._pending = None
+            self._update(self._step)
         self._step += 1
-        for layer in self._layers:
-            if layer.built:
-                layer.pruning_step.assign(self._step)
-
-    def on_train_end(self, logs: dict | None = None) -> None:
-        for layer in self._layers:
-            if layer.built:
-                layer.pruning_step.assign(self._step)
 
 
 SparsePruningStep = UpdatePruningStep

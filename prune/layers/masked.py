@@ -20,7 +20,8 @@ weight is kept at exactly zero as well.**
 
 Each prunable weight ``<name>`` gets a non-trainable ``<name>_mask`` of the
 same shape and dtype, created in ``build()`` and saved with the layer, and each
-layer has a non-trainable int64 ``pruning_step`` counter, so ``model.save``,
+layer has a non-trainable int64 ``pruning_step`` counter, advanced inside the compiled
+step by every training-mode call, so ``model.save``,
 ``save_weights`` and ``tf.train.Checkpoint`` all carry weights, masks and step
 together.
 """
@@ -112,6 +113,16 @@ class PrunableLayer:
     def _weight(self, name: str) -> Any:
         private = getattr(self, f"_{name}", None)  # Dense/Embedding keep the variable in _kernel/_embeddings
         return private if isinstance(private, keras.Variable) else getattr(self, name)
+
+    def advance_step(self, training: Any) -> None:
+        """Count one training step, inside the compiled step (no eager op per batch).
+
+        Called by ``call`` with its ``training`` argument; counts Python-true
+        ``training`` only. A layer called several times in one training step
+        (a shared layer) counts each call.
+        """
+        if isinstance(training, bool) and training and self.built:
+            self.pruning_step.assign_add(1)
 
     def weight_and_mask(self, name: str) -> tuple[Any, Any]:
         """The variable ``name`` and its mask variable."""
@@ -205,6 +216,7 @@ class MaskedDense(PrunableLayer, keras.layers.Dense):
         _reject_lora_and_quantization(self)
 
     def call(self, inputs: Any, training: Any = None) -> Any:
+        self.advance_step(training)
         x = ops.matmul(inputs, self.masked_weight("kernel"))
         if self.bias is not None:
             x = ops.add(x, self.bias)
@@ -228,7 +240,8 @@ class _MaskedConvMixin:
         k = super().kernel  # type: ignore[misc]
         return k * self.kernel_mask if getattr(self, "_masking", False) else k
 
-    def call(self, inputs: Any) -> Any:
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        self.advance_step(training)  # type: ignore[attr-defined]
         object.__setattr__(self, "_masking", True)
         try:
             return super().call(inputs)  # type: ignore[misc]
@@ -265,7 +278,8 @@ class MaskedEmbedding(PrunableLayer, keras.layers.Embedding):
         super().__init__(*args, **kwargs)
         _reject_lora_and_quantization(self)
 
-    def call(self, inputs: Any) -> Any:
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        self.advance_step(training)
         if inputs.dtype != "int32" and inputs.dtype != "int64":
             inputs = ops.cast(inputs, "int32")
         weight, mask = self.weight_and_mask("embeddings")

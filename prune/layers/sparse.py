@@ -284,7 +284,9 @@ class SparseDense(keras.layers.Layer):
         return replaced
 
     # -- forward ---------------------------------------------------------------
-    def call(self, inputs: Any) -> Any:
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        if isinstance(training, bool) and training:
+            self.pruning_step.assign_add(1)  # the saved step counter, advanced inside the compiled step
         x = tf.convert_to_tensor(inputs)
         if x.dtype != self.values.dtype:
             x = tf.cast(x, self.values.dtype)
