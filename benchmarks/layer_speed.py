@@ -207,7 +207,7 @@ def write_report(df: pd.DataFrame, path: Path) -> str:
         f"Noise floor: auto against the very kernel it ran (same computation plus the run-time switch) has median "
         f"ratio {same.median():.2f}, 90th percentile {same.quantile(0.9):.2f}, max {same.max():.2f}; "
         f"the cost model picked the measured-fastest of coo/csr/densify at {int(hit.sum())} of {len(hit)} points. "
-        "Load average on the machine was 4-8 during the run (other jobs), so single points vary by 2x.",
+        f"Load average when the report was written: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.",
     ]
     lines += ["", "## Forward and train step at batch 256 (ms, speed-up vs dense)", ""]
     lines.append("| size | sparsity | mode | dense | masked | coo | csr | densify | auto | auto speed-up | ideal 1/density |")

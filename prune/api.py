@@ -61,15 +61,13 @@ def _to_plain(layer: Any) -> Any:
         return plain
     plain.build_from_config(layer.get_build_config())
     by_name = {v.name: v for v in plain.weights}
-    masked = {n: layer.masked_weight(n) for n in layer.prunable_weight_names}
     for v in layer.weights:
-        if v.name in by_name:
-            value = masked.get(v.name, v.value)
-            if v.name in masked:  # +0.0 where pruned, never -0.0
-                value = np.where(layer.weight_and_mask(v.name)[1].numpy() != 0, np.asarray(v.numpy()), 0).astype(
-                    v.dtype
-                )
-            by_name[v.name].assign(value)
+        if v.name not in by_name:
+            continue  # masks and the step counter have no place in the plain layer
+        value = np.asarray(v.numpy())
+        if v.name in layer.prunable_weight_names:  # +0.0 where pruned, never -0.0
+            value = np.where(layer.weight_and_mask(v.name)[1].numpy() != 0, value, np.zeros_like(value))
+        by_name[v.name].assign(value)
     return plain
 
 
