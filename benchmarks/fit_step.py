@@ -137,11 +137,16 @@ def run_tfmot(rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="timed epochs per model (after one warm-up epoch)")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2, help="TF intra-op threads")
     parser.add_argument("--out", default="results/benchmarks/fit_step.csv")
     parser.add_argument("--child", choices=["tfmot"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.batch < 1 or args.threads < 1:
+        parser.error(f"--batch and --threads must be >= 1, got {args.batch} and {args.threads}")
+    globals().update(BATCH=args.batch, INTRA=args.threads)
     if args.child == "tfmot":
         print(json.dumps(run_tfmot(args.rounds)))
         return
@@ -150,7 +155,7 @@ def main() -> None:
     # Keras 3 first, then tfmot, so the two processes never share the cores.
     k3 = run_keras3(args.rounds)
     child = subprocess.run(
-        [sys.executable, __file__, "--child", "tfmot", "--rounds", str(args.rounds)],
+        [sys.executable, __file__, "--child", "tfmot", "--rounds", str(args.rounds), "--batch", str(BATCH), "--threads", str(INTRA)],
         env=env,
         capture_output=True,
         text=True,
