@@ -50,7 +50,7 @@ import numpy as np
 
 from experiments.config import RunConfig
 from experiments.data import Data
-from experiments.models import build, initial_weights, layer_positions
+from experiments.models import seeded_model
 from experiments.train import latency_ms, make_optimizer, steps_per_epoch, train, weight_report
 
 __all__ = ["train_keras3", "library_schedule", "schedule_args"]
@@ -105,13 +105,7 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
 
     import prune
 
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(run.seed)
-    tf.config.experimental.enable_op_determinism()
-
-    plain = build(run.model, data.input_shape, data.n_classes, keras)
-    plain.set_weights(initial_weights(plain, run.seed))
-    positions = layer_positions(plain)
+    plain, positions = seeded_model(run, data, keras)
     spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
     impl = run.implementation.name
 

@@ -90,3 +90,22 @@ def layer_positions(model: Any) -> dict[str, float]:
         else:
             out[name] = 1.0
     return out
+
+
+def seeded_model(run: Any, data: Any, keras_module: Any) -> tuple[Any, dict[str, float]]:
+    """Fresh session, seeds, op determinism, then the run's plain model with its numpy initial weights.
+
+    Shared by the Keras 3 implementations and the tfmot baseline (``keras_module``
+    is ``keras`` or ``tf_keras``), so every implementation starts identically.
+
+    Returns:
+        ``(model, layer_positions(model))``.
+    """
+    import tensorflow as tf
+
+    keras_module.backend.clear_session()
+    keras_module.utils.set_random_seed(run.seed)
+    tf.config.experimental.enable_op_determinism()
+    plain = build(run.model, data.input_shape, data.n_classes, keras_module)
+    plain.set_weights(initial_weights(plain, run.seed))
+    return plain, layer_positions(plain)

@@ -25,7 +25,7 @@ import numpy as np
 
 from experiments.config import RunConfig
 from experiments.data import Data
-from experiments.models import build, initial_weights, layer_positions
+from experiments.models import seeded_model
 from experiments.train import latency_ms, make_optimizer, steps_per_epoch, train, weight_report
 
 __all__ = ["ensure_legacy_keras", "train_tfmot", "tfmot_schedule", "main"]
@@ -67,13 +67,7 @@ def train_tfmot(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], 
     import tensorflow_model_optimization as tfmot
     import tf_keras
 
-    tf_keras.backend.clear_session()
-    tf_keras.utils.set_random_seed(run.seed)
-    tf.config.experimental.enable_op_determinism()
-
-    plain = build(run.model, data.input_shape, data.n_classes, tf_keras)
-    plain.set_weights(initial_weights(plain, run.seed))
-    positions = layer_positions(plain)
+    plain, positions = seeded_model(run, data, tf_keras)
     spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
     model = tfmot.sparsity.keras.prune_low_magnitude(plain, pruning_schedule=tfmot_schedule(run, spe, tfmot))
 

@@ -15,7 +15,7 @@ import numpy as np
 from prune import masks as _masks
 from prune.layers.masked import PrunableLayer, apply_mask
 
-__all__ = ["iter_layers", "prunable_layers", "stepped_layers", "update_masks", "get_step", "set_step"]
+__all__ = ["iter_layers", "prunable_layers", "stepped_layers", "update_masks", "get_step"]
 
 
 def iter_layers(model: Any) -> Iterator[Any]:
@@ -48,13 +48,6 @@ def get_step(model: Any) -> int:
     """The pruning step counter (number of training steps taken so far)."""
     layers = [layer for layer in stepped_layers(model) if layer.built]
     return int(layers[0].pruning_step.numpy()) if layers else 0
-
-
-def set_step(model: Any, step: int) -> None:
-    """Set every masked or sparse layer's step counter."""
-    for layer in stepped_layers(model):
-        if layer.built:
-            layer.pruning_step.assign(step)
 
 
 def _score(layer: PrunableLayer, name: str, weight: Any) -> np.ndarray:
