@@ -6,7 +6,20 @@ step keeps pruned weights at exactly zero under every optimizer.
 ``import prune`` never imports tensorflow_model_optimization: importing tfmot
 sets ``TF_USE_LEGACY_KERAS=1`` for the whole process. tfmot is only touched in
 :mod:`prune.interop`, lazily, and its baseline runs in a separate process.
+
+``import prune`` sets ``TF_ENABLE_ONEDNN_SPMM=1`` unless it is already set.
+TensorFlow then runs ``SparseMatrixMatMul`` (the CSR kernel of
+:mod:`prune.kernels`) through oneDNN inside compiled graphs too, as it
+already does eagerly; its default graph kernel, Eigen's, was measured 2.1x
+slower (1024x1024 at 90% sparsity, batch 256: 1.28 ms against 0.61 ms). The
+variable touches nothing else. TensorFlow reads it once, the first time it
+compiles a graph holding that op, so import ``prune`` before building such a
+graph; set ``TF_ENABLE_ONEDNN_SPMM=0`` to keep Eigen's kernel.
 """
+
+import os as _os
+
+_os.environ.setdefault("TF_ENABLE_ONEDNN_SPMM", "1")
 
 from prune import embeddings
 from prune.convert import ConversionWarning, convert, unconvertible_layers

@@ -14,21 +14,29 @@ Forward and input-gradient kernels (``matmul=``):
   indices, so no permutation is needed); ``dx = (W @ dy^T)^T`` uses ``W``
   directly.
 * ``"csr"``: ``tf.raw_ops.SparseTensorToCSRSparseMatrix`` then
-  ``tf.raw_ops.SparseMatrixMatMul`` (multithreaded). CSR needs row-sorted
+  ``tf.raw_ops.SparseMatrixMatMul``. With ``TF_ENABLE_ONEDNN_SPMM=1``, which
+  ``import prune`` sets, TensorFlow runs that op through oneDNN's CSR
+  kernel in graphs as well as eagerly; otherwise graphs get Eigen's
+  row-parallel kernel, 2.1x slower here (1024x1024, 90% sparse, batch 256:
+  1.28 ms against 0.61 ms, dense ``matmul`` 1.76 ms). CSR needs row-sorted
   indices, so the forward product ``(W^T @ x^T)^T`` needs ``W^T`` in row-major
   order: a permutation ``transpose_perm`` of the entries and the swapped,
   sorted ``transpose_indices``. :func:`transpose_structure` computes them once
   on the host when the sparsity structure changes (``SparseDense`` keeps them
   in variables); without them they are computed in the graph with an argsort.
-  ``dx = (W @ dy^T)^T`` uses the natural row-major ``W``. Explicit transposes
-  of the dense operand were measured faster on this machine than the
+  ``dx = (W @ dy^T)^T`` uses the natural row-major ``W``. The oneDNN kernel
+  takes no transpose flags (TensorFlow falls back to Eigen when one is set),
+  and even on Eigen explicit transposes of the dense operand were measured
+  faster on this machine than the
   ``transpose_b``/``transpose_output``/``adjoint_a`` flags of
   ``SparseMatrixMatMul`` (e.g. batch 1, 90% sparse: 0.28 ms vs 1.5 ms; with
   ``adjoint_a`` on ``CSR(W)`` the op transposes the matrix internally, about
   1 ms more at 100k entries).
 * ``"dense"``: materialise ``W`` with ``SparseToDense`` (the fastest of
   ``scatter_nd``, ``unsorted_segment_sum`` and ``SparseToDense`` here, 2.8 ms
-  for 1M entries) and call the dense ``matmul``; best at low sparsity.
+  for 1M entries) and call the dense ``matmul``; best at low sparsity. When
+  every entry is stored (0% sparsity), row-major ``values`` already is ``W``:
+  a reshape replaces the scatter, and the values gradient's gather.
 * ``"auto"``: picks one of the three *at run time* from the cost model in
   :func:`estimate_ms` (batch and ``nnz`` may be unknown when the graph is
   traced: a ``SparseDense`` shrinks its values in place), via
@@ -86,9 +94,10 @@ _SAMPLED_CHUNK_ELEMENTS = 1 << 21  # 2M products (8 MB per float32 operand) per 
 # Cost model, in nanoseconds. _COST is a non-negative least-squares fit (on
 # relative error) of forward medians measured by
 # `benchmarks/layer_speed.py --fit` on the 2-core reference machine (TF
-# intra-op threads = 2, sizes 1024x1024 and 784x300 at sparsity 0-99%,
-# 4096x4096 at 90-99%, batch 1/32/256); "fixed" includes the tf.function call overhead. Only the ranking of
-# the kernels matters. Each kernel's time is
+# intra-op threads = 2, oneDNN's CSR kernel (TF_ENABLE_ONEDNN_SPMM=1), sizes
+# 1024x1024 and 784x300 at sparsity 0-99%, 4096x4096 at 90-99%, batch
+# 1/32/256); "fixed" includes the tf.function call overhead. Only the ranking
+# of the kernels matters. Each kernel's time is
 #     fixed + per_nnz * nnz + per_term * nnz * batch + per_cell * n_in * n_out + per_mac * n_in * n_out * batch
 # "per_cell" is the cost of touching the dense [n_in, n_out] matrix once
 # (materialising it; reading it in a batch-1 matvec), "per_mac" the BLAS cost
@@ -96,9 +105,9 @@ _SAMPLED_CHUNK_ELEMENTS = 1 << 21  # 2M products (8 MB per float32 operand) per 
 # multiplies on every core; COO converts nothing but runs on one thread.
 _COST = {
     #           fixed      per_nnz per_term per_cell per_mac
-    "dense": (170_000.0, 3.909, 0.0, 1.084, 0.01986),
-    "coo": (439_400.0, 8.298, 2.44, 0.0, 0.01036),
-    "csr": (579_500.0, 25.28, 0.1217, 0.02085, 0.005663),
+    "dense": (409_100.0, 2.294, 0.005552, 0.6601, 0.008486),
+    "coo": (534_100.0, 4.427, 1.665, 0.03273, 0.00215),
+    "csr": (634_400.0, 11.21, 0.05796, 0.0163, 0.0004),
 }
 # Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
 # gathers and a multiply-reduce per (entry, batch) term.
@@ -222,8 +231,33 @@ def _argmin_branch(table: dict[str, tuple[float, ...]], names: tuple[str, ...], 
 
 
 # -- kernels -----------------------------------------------------------------
+def _if_full(nnz: tf.Tensor, static_nnz: int | None, cells: int, full: Any, partial: Any) -> tf.Tensor:
+    """``full()`` when every entry is stored, else ``partial()``; decided at trace time when ``nnz`` is static.
+
+    Indices are unique, in range and row-major sorted, so when all ``cells``
+    entries are stored, ``values`` is ``W`` in row-major order.
+
+    Pass the length of ``indices``, never of ``values``: after a
+    ``SparseDense`` compaction, Grappler's shape inference can still believe
+    the pre-compaction length of ``values`` (it meets the optimizer's slots in
+    the update) and constant-folds a ``tf.size(values)`` predicate to the stale
+    answer, so the full branch runs on a shorter vector. ``indices`` has no
+    slots. ``test_compact_shrinks_values_indices_and_slots_and_training_continues``
+    fails when this is violated.
+    """
+    if static_nnz is not None:
+        return full() if static_nnz == cells else partial()
+    return tf.cond(tf.equal(tf.cast(nnz, tf.int64), cells), full, partial)
+
+
 def _dense_w(values: tf.Tensor, indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
-    return tf.sparse.to_dense(tf.SparseTensor(indices, values, [n_in, n_out]), validate_indices=False)
+    # A fully stored W (a SparseDense at 0% sparsity, e.g. before a schedule starts) is a reshape,
+    # not a 1M-entry scatter (1.9 ms for 1024x1024 here).
+    return _if_full(
+        tf.shape(indices)[0], indices.shape[0], n_in * n_out,
+        lambda: tf.reshape(values, [n_in, n_out]),
+        lambda: tf.sparse.to_dense(tf.SparseTensor(indices, values, [n_in, n_out]), validate_indices=False),
+    )
 
 
 def _coo_xw(x: tf.Tensor, values: tf.Tensor, indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
@@ -262,8 +296,14 @@ def _input_grad(kernel: str, dy: tf.Tensor, values: tf.Tensor, indices: tf.Tenso
     return _csr_times(indices, values, (n_in, n_out), dy)
 
 
-def _dense_values_grad(x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:
-    return tf.gather_nd(tf.matmul(x, dy, transpose_a=True), indices)
+def _dense_values_grad(x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    dw = tf.matmul(x, dy, transpose_a=True)
+    nnz = tf.shape(indices)[0]
+    # The reshape keeps the length dynamic, like the gather's, so no static [n_in * n_out] leaks
+    # into shape inference of the optimizer update (see _if_full).
+    return _if_full(
+        nnz, indices.shape[0], n_in * n_out, lambda: tf.reshape(dw, tf.reshape(nnz, [1])), lambda: tf.gather_nd(dw, indices)
+    )
 
 
 def sampled_values_grad(x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor, chunk_elements: int = _SAMPLED_CHUNK_ELEMENTS) -> tf.Tensor:
@@ -301,9 +341,9 @@ def sampled_values_grad(x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor, chunk_e
     return tf.cond(nnz <= chunk, lambda: block(indices[:, 0], indices[:, 1]), chunked)
 
 
-def _values_grad(rule: str, x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:
+def _values_grad(rule: str, x: tf.Tensor, dy: tf.Tensor, indices: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
     if rule == "dense":
-        return _dense_values_grad(x, dy, indices)
+        return _dense_values_grad(x, dy, indices, n_in, n_out)
     return sampled_values_grad(x, dy, indices)
 
 
@@ -377,7 +417,7 @@ def sparse_matmul(
                 values_grad,
                 {"dense": _GRAD_COST["dense"], "sampled": _GRAD_COST["sampled"]},
                 ("dense", "sampled"),
-                lambda r: _values_grad(r, x, dy, indices),
+                lambda r: _values_grad(r, x, dy, indices, n_in, n_out),
                 nnz, batch, n_in, n_out,
             )
             return tf.ensure_shape(dx, x.shape), tf.ensure_shape(dv, values.shape)

@@ -121,9 +121,12 @@ def _fit_steps(model, x, y, steps, callbacks):
     return np.array(hist.history["loss"])
 
 
-def test_compact_shrinks_values_indices_and_slots_and_training_continues():
+@pytest.mark.parametrize("matmul", ["auto", "dense", "csr"])
+def test_compact_shrinks_values_indices_and_slots_and_training_continues(matmul):
+    # Starting full (0% sparsity) also covers the "dense" kernel's reshape shortcut for a fully
+    # stored W: after compaction the compiled step must take the scatter branch.
     w, mask = _weights(12, 8, 0.0)
-    layer = SparseDense.from_dense(w, mask, activation="relu")
+    layer = SparseDense.from_dense(w, mask, activation="relu", matmul=matmul)
     model = _model(layer, keras.layers.Dense(1), 12)
     model.compile(keras.optimizers.Adam(0.01), "mse")
     rng = np.random.default_rng(2)

@@ -1,5 +1,7 @@
 """Sparse matmul kernels: forward and gradients agree with the dense product; bad input is rejected."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -117,3 +119,17 @@ def test_cost_model_choices():
     assert kernels.choose_matmul(256, 1024, 1024, 10_486) in ("coo", "csr")
     assert kernels.values_grad_rule(256, 1024, 1024, 524_288) == "dense"
     assert kernels.values_grad_rule(256, 1024, 1024, 1_049) == "sampled"
+
+
+def test_import_prune_enables_onednn_spmm_unless_set(monkeypatch):
+    # `import prune` turns on oneDNN's CSR kernel for graphs, but never overrides the user's choice.
+    import importlib
+
+    import prune
+
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_SPMM", raising=False)
+    importlib.reload(prune)
+    assert os.environ["TF_ENABLE_ONEDNN_SPMM"] == "1"
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_SPMM", "0")
+    importlib.reload(prune)
+    assert os.environ["TF_ENABLE_ONEDNN_SPMM"] == "0"
