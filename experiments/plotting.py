@@ -578,7 +578,8 @@ def plot_layer_speedup(speedups: pd.DataFrame, n_in: int, n_out: int, mode: str)
         speedups: Output of :func:`layer_speedups`.
         n_in: Layer input size to show.
         n_out: Layer output size to show.
-        mode: ``forward`` or ``train_step``.
+        mode: ``forward`` or ``train_step`` (one call), or ``forward_graph``
+            or ``train_step_graph`` (one more application inside a graph).
 
     Raises:
         ValueError: no rows for (``n_in``, ``n_out``, ``mode``).
@@ -608,7 +609,12 @@ def plot_layer_speedup(speedups: pd.DataFrame, n_in: int, n_out: int, mode: str)
             ax.set_title(f"batch {b}")
             _log_y(ax)
         axes[0].set_ylabel("Speed-up over dense (×)")
-        what = {"forward": "forward pass", "train_step": "training step"}.get(mode, mode)
+        what = {
+            "forward": "forward pass",
+            "train_step": "training step",
+            "forward_graph": "forward pass inside a graph",
+            "train_step_graph": "training step inside a graph",
+        }.get(mode, mode)
         fig.supxlabel(f"{_SPARSITY_LABEL}\nlayer {n_in}×{n_out}, {what}", fontsize=8)
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside upper center", ncols=4)

@@ -1,0 +1,27 @@
+"""The layer benchmark script runs end to end on a tiny layer and writes every measure (no timing asserted)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_layer_speed_writes_every_implementation_and_measure(tmp_path):
+    out = tmp_path / "layer_speed.csv"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "layer_speed.py"), "--sizes", "12x8", "--batches", "3",
+        "--sparsities", "0.0,0.75", "--rounds", "2", "--budget", "0", "--out", str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TF_ENABLE_ONEDNN_SPMM=" in proc.stdout and "intra_op_threads=2" in proc.stdout  # settings stated
+    df = pd.read_csv(out)
+    assert set(df["impl"]) == {"dense", "masked", "coo", "csr", "densify", "auto"}
+    assert set(df["mode"]) == {"forward", "train_step", "forward_graph", "train_step_graph"}
+    assert len(df) == 2 * 6 * 4  # sparsities x implementations x measures
+    assert (df.loc[df["mode"].isin(["forward", "train_step"]), "median_ms"] > 0).all()
+    report = out.with_suffix(".md").read_text()
+    assert "## Crossover sparsity" in report and "in graph" in report
