@@ -1,10 +1,19 @@
-"""Where SparseDense's forward time goes: the bare CSR kernel vs the layer call.
+"""Where SparseDense's CSR forward time goes, per operation, inside a compiled graph.
 
-Times, side by side in one process (median of 40 calls, 1024x1024 weight,
-batch 256): a dense ``tf.matmul``; ``SparseMatrixMatMul`` on a CSR matrix built
-once, with ``x`` already transposed (the kernel's own speed); and a
-``SparseDense(matmul="csr")`` call, which rebuilds the CSR matrix from COO,
-reorders the values and transposes input and output on every call.
+Each quantity is the cost of one more application inside one ``tf.function``:
+``(T_K - T_1) / (K - 1)`` for a function doing the operation on ``K``
+distinct inputs against one doing it once (medians over interleaved calls),
+so the fixed cost of calling a function (~0.4 ms here) is not in it. For a
+1024x1024 weight at batch 256:
+
+* ``dense``: ``tf.matmul(x, W)``;
+* ``csr kernel``: ``SparseMatrixMatMul`` alone, on a CSR matrix of ``W^T``
+  built once in the graph, times a ready ``x^T`` (the kernel's own speed;
+  oneDNN's when ``TF_ENABLE_ONEDNN_SPMM=1``, which ``import prune`` sets);
+* ``to CSR``: ``SparseTensorToCSRSparseMatrix`` of the stored entries;
+* ``gather``: reordering ``values`` into the row-major order of ``W^T``;
+* ``transpose``: one ``[batch, n]`` transpose (the layer needs two);
+* ``layer``: a whole ``SparseDense(matmul="csr")`` call (the above plus the bias).
 
     python benchmarks/csr_overhead.py
 """
@@ -12,52 +21,87 @@ reorders the values and transposes input and output on every call.
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-INTRA, INTER, N, BATCH = 2, 1, 1024, 256
+import prune  # noqa: E402,F401  (sets TF_ENABLE_ONEDNN_SPMM before any graph is built)
+from prune.layers.sparse import SparseDense  # noqa: E402
+
+INTRA, INTER, N, BATCH, K, CALLS = 2, 1, 1024, 256, 8, 40
 
 
-def _median_ms(fn, calls: int = 40) -> float:
-    fn()
-    times = []
+def _per_application(ops: dict, calls: int = CALLS) -> dict[str, float]:
+    """``{name: ms}`` from ``{name: (one_fn, k_fn)}``, timed interleaved."""
+    fns = {(name, i): f for name, pair in ops.items() for i, f in enumerate(pair)}
+    for f in fns.values():
+        f().numpy()
+    times = {key: [] for key in fns}
     for _ in range(calls):
-        start = time.perf_counter()
-        fn().numpy()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e3)
+        for key, f in fns.items():
+            start = time.perf_counter()
+            f().numpy()
+            times[key].append(time.perf_counter() - start)
+    med = {key: float(np.median(t)) * 1e3 for key, t in times.items()}
+    return {name: (med[(name, 1)] - med[(name, 0)]) / (K - 1) for name in ops}
+
+
+def _pair(apply, inputs):
+    """Functions applying ``apply`` to the first input, and to all ``K`` of them."""
+    one = tf.function(lambda: tf.reduce_sum(apply(inputs[0])))
+    k = tf.function(lambda: tf.add_n([tf.reduce_sum(apply(a)) for a in inputs]))
+    return one, k
 
 
 def main() -> None:
     tf.config.threading.set_intra_op_parallelism_threads(INTRA)
     tf.config.threading.set_inter_op_parallelism_threads(INTER)
-    from prune.layers.sparse import SparseDense
-
     rng = np.random.default_rng(0)
-    x = tf.constant(rng.normal(size=(BATCH, N)).astype("float32"))
-    x_t = tf.transpose(x)
-    print(f"TensorFlow {tf.__version__}, intra_op={INTRA}, inter_op={INTER}; {N}x{N} weight, batch {BATCH}")
+    xs = [tf.constant(rng.normal(size=(BATCH, N)).astype("float32")) for _ in range(K)]
+    xts = [tf.transpose(x) for x in xs]
+    shape = tf.constant([N, N], tf.int64)
+    print(
+        f"TensorFlow {tf.__version__}, intra_op={INTRA}, inter_op={INTER}, "
+        f"TF_ENABLE_ONEDNN_SPMM={os.environ.get('TF_ENABLE_ONEDNN_SPMM')}; {N}x{N} weight, batch {BATCH}; "
+        f"per application inside one graph, K={K}"
+    )
     for sparsity in (0.9, 0.99):
         mask = rng.random((N, N)) >= sparsity
-        w = (rng.normal(size=(N, N)) * mask).astype("float32")
-        w_t = w.T.copy()
-        idx = np.argwhere(w_t != 0).astype("int64")
-        csr = tf.raw_ops.SparseTensorToCSRSparseMatrix(
-            indices=idx, values=w_t[idx[:, 0], idx[:, 1]], dense_shape=np.array([N, N], np.int64)
-        )
-        dense_w = tf.constant(w)
+        w = (rng.normal(size=(N, N)) * mask / np.sqrt(N * (1 - sparsity))).astype("float32")
         layer = SparseDense.from_dense(w, mask, matmul="csr")
-        call = tf.function(lambda: layer(x))
-        dense = _median_ms(lambda: tf.matmul(x, dense_w))
-        bare = _median_ms(lambda: tf.raw_ops.SparseMatrixMatMul(a=csr, b=x_t))
-        full = _median_ms(call)
+        t_idx, perm = layer.transpose_indices.value, layer.transpose_perm.value
+        vals = [tf.constant(rng.normal(size=layer.nnz).astype("float32")) for _ in range(K)]
+        dense_w = tf.constant(w)
+
+        def to_csr(v):
+            return tf.raw_ops.SparseTensorToCSRSparseMatrix(indices=t_idx, values=v, dense_shape=shape)
+
+        def kernel_k(k):
+            def run():
+                csr = to_csr(tf.gather(layer.values.value, perm))  # built once per call
+                return tf.add_n([tf.reduce_sum(tf.raw_ops.SparseMatrixMatMul(a=csr, b=xt)) for xt in xts[:k]])
+
+            return tf.function(run)
+
+        ops = {
+            "dense": _pair(lambda x: tf.matmul(x, dense_w), xs),
+            "csr kernel": (kernel_k(1), kernel_k(K)),
+            "to CSR": _pair(lambda v: tf.cast(tf.raw_ops.SparseMatrixNNZ(sparse_matrix=to_csr(v)), tf.float32), vals),
+            "gather": _pair(lambda v: tf.gather(v, perm), vals),
+            "transpose": _pair(lambda x: tf.transpose(x)[:, :1], xs),
+            "layer": _pair(layer, xs),
+        }
+        ms = _per_application(ops)
+        print(f"sparsity {sparsity:.2f} (nnz {layer.nnz}): " + " | ".join(f"{k} {v:.3f} ms" for k, v in ms.items()))
         print(
-            f"sparsity {sparsity:.2f}: dense {dense:.2f} ms | bare CSR kernel {bare:.2f} ms ({dense / bare:.2f}x) | "
-            f"SparseDense(csr) call {full:.2f} ms ({dense / full:.2f}x)"
+            f"  dense / csr kernel = {ms['dense'] / ms['csr kernel']:.2f}x; "
+            f"dense / layer = {ms['dense'] / ms['layer']:.2f}x"
         )
 
 
