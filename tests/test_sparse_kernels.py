@@ -133,3 +133,16 @@ def test_import_prune_enables_onednn_spmm_unless_set(monkeypatch):
     monkeypatch.setenv("TF_ENABLE_ONEDNN_SPMM", "0")
     importlib.reload(prune)
     assert os.environ["TF_ENABLE_ONEDNN_SPMM"] == "0"
+
+
+def test_run_time_choice_matches_host_model_with_static_and_dynamic_batch():
+    # auto's in-graph choice (folded constants for a static batch, the full formula otherwise)
+    # is the kernel choose_matmul names for the same sizes.
+    for batch in (1, 32, 256):
+        for n_in, n_out in ((1024, 1024), (784, 300), (64, 8)):
+            for density in (1.0, 0.5, 0.2, 0.1, 0.05, 0.01, 0.001):
+                nnz = int(round(density * n_in * n_out))
+                want = kernels.KERNELS.index(kernels.choose_matmul(batch, n_in, n_out, nnz))
+                for b in (batch, tf.constant(batch)):
+                    got = kernels._argmin_branch(kernels._COST, kernels.KERNELS, tf.constant(nnz), b, n_in, n_out)
+                    assert int(got) == want, (batch, n_in, n_out, nnz, b)
