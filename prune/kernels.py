@@ -229,9 +229,10 @@ def _argmin_branch(table: dict[str, tuple[float, ...]], names: tuple[str, ...], 
     Each cost is ``(A + B * batch) + nnz * (C + D * batch)`` with per-option
     constant vectors, so the run-time choice is a handful of vector ops; with
     a static ``batch`` (the usual case inside a traced model) the brackets are
-    folded on the host. Measured in a graph at batch 1 (1024x1024, 99%
-    sparse): the choice costs 0.01 ms with a static batch and 0.16 ms when
-    the costs were built from scalar ops, next to a 0.08 ms COO product.
+    folded on the host. The whole dispatch (this choice plus the switch)
+    costs about 0.04 ms per call in a graph: ``SparseDense(matmul="auto")``
+    0.20 ms against 0.16 ms for the COO kernel it chose (1024x1024, 99%
+    sparse, batch 1).
     """
     cells = float(n_in) * float(n_out)
     coef = np.array([table[n] for n in names], np.float64)  # fixed, per_nnz, per_term, per_cell, per_mac
