@@ -51,7 +51,7 @@ import numpy as np
 from experiments.config import RunConfig
 from experiments.data import Data
 from experiments.models import seeded_model
-from experiments.train import latency_ms, make_optimizer, steps_per_epoch, train, weight_report
+from experiments.train import make_optimizer, run_outcome, steps_per_epoch, train, weight_report
 
 __all__ = ["train_keras3", "library_schedule", "schedule_args"]
 
@@ -147,22 +147,8 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
         ]
     )
     predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
-    lat1 = latency_ms(predict, data.x_test, 1)
-    lat256 = latency_ms(predict, data.x_test, 256)
-    ckpt = run_dir / "checkpoint.weights.h5"
-    model.save_weights(str(ckpt))
-    return dict(
-        final=result.final,
-        curves=result.curves,
-        step_times=result.step_times,
-        fit_seconds=result.fit_seconds,
-        eval_seconds=result.eval_seconds,
-        report=report,
-        model_bytes=_variable_bytes(model),
-        checkpoint_bytes=ckpt.stat().st_size,
-        latency_b1_ms=lat1,
-        latency_b256_ms=lat256,
-        keras_impl="keras",
+    return run_outcome(
+        result, report, predict, data.x_test, model, run_dir / "checkpoint.weights.h5", _variable_bytes(model), "keras"
     )
 
 

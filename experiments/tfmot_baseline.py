@@ -26,7 +26,7 @@ import numpy as np
 from experiments.config import RunConfig
 from experiments.data import Data
 from experiments.models import seeded_model
-from experiments.train import latency_ms, make_optimizer, steps_per_epoch, train, weight_report
+from experiments.train import make_optimizer, run_outcome, steps_per_epoch, train, weight_report
 
 __all__ = ["ensure_legacy_keras", "train_tfmot", "tfmot_schedule", "main"]
 
@@ -85,22 +85,10 @@ def train_tfmot(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], 
         ]
     )
     predict = tf.function(lambda x: stripped(x, training=False), reduce_retracing=True)
-    lat1 = latency_ms(predict, data.x_test, 1)
-    lat256 = latency_ms(predict, data.x_test, 256)
-    ckpt = run_dir / "checkpoint.weights.h5"
-    model.save_weights(str(ckpt))  # the wrapped model: weights, masks, thresholds and step
-    return dict(
-        final=result.final,
-        curves=result.curves,
-        step_times=result.step_times,
-        fit_seconds=result.fit_seconds,
-        eval_seconds=result.eval_seconds,
-        report=report,
-        model_bytes=int(sum(w.nbytes for w in stripped.get_weights())),
-        checkpoint_bytes=ckpt.stat().st_size,
-        latency_b1_ms=lat1,
-        latency_b256_ms=lat256,
-        keras_impl="tf_keras",
+    model_bytes = sum(w.nbytes for w in stripped.get_weights())
+    # the checkpoint holds the wrapped model: weights, masks, thresholds and step
+    return run_outcome(
+        result, report, predict, data.x_test, model, run_dir / "checkpoint.weights.h5", model_bytes, "tf_keras"
     )
 
 

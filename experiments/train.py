@@ -38,6 +38,7 @@ __all__ = [
     "make_optimizer",
     "train",
     "latency_ms",
+    "run_outcome",
     "RssSampler",
     "weight_report",
     "REPORT_COLUMNS",
@@ -176,6 +177,43 @@ def latency_ms(predict: Callable[[Any], Any], x: np.ndarray, batch: int) -> floa
         np.asarray(predict(xb))
         times.append(time.perf_counter() - t0)
     return float(np.median(times) * 1000.0)
+
+
+def run_outcome(
+    result: TrainResult, report: pd.DataFrame, predict: Callable[[Any], Any], x_test: np.ndarray, saved: Any,
+    checkpoint: Any, model_bytes: int, keras_impl: str,
+) -> dict[str, Any]:
+    """The dict a run returns: training results, weight report, latencies, and the saved checkpoint's size.
+
+    Shared by the Keras 3 implementations and the tfmot process, so both measure latency and
+    save their checkpoint the same way.
+
+    Args:
+        result: What :func:`train` returned.
+        report: :func:`weight_report` of the deployed weights.
+        predict: Compiled inference function timed at batch 1 and 256.
+        x_test: Inputs to time it on.
+        saved: Model whose ``save_weights`` writes ``checkpoint``.
+        checkpoint: Path of the ``.weights.h5`` file.
+        model_bytes: Bytes of the deployed model's variables.
+        keras_impl: ``"keras"`` or ``"tf_keras"``.
+    """
+    lat1 = latency_ms(predict, x_test, 1)
+    lat256 = latency_ms(predict, x_test, 256)
+    saved.save_weights(str(checkpoint))
+    return dict(
+        final=result.final,
+        curves=result.curves,
+        step_times=result.step_times,
+        fit_seconds=result.fit_seconds,
+        eval_seconds=result.eval_seconds,
+        report=report,
+        model_bytes=int(model_bytes),
+        checkpoint_bytes=checkpoint.stat().st_size,
+        latency_b1_ms=lat1,
+        latency_b256_ms=lat256,
+        keras_impl=keras_impl,
+    )
 
 
 def _rss_bytes() -> int:
