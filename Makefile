@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench figures clean
+.PHONY: setup demo test test-fast bench figures clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The inner loop: everything but the tests marked slow (multi-process sweeps).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 figures: $(STAMP)
 	$(PY) -m experiments figures paper

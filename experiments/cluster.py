@@ -17,6 +17,13 @@ they run dense/masked/sparse_tensor in-process and start one
 directory must be reachable by the workers at the same path (shared file
 system, or a local cluster). Results come back to the runner, which alone
 writes the tables.
+
+Interrupts and I/O errors: local workers ignore SIGINT (Ctrl-C reaches the
+whole process group); the runner catches it, terminates its worker processes
+and returns at once. A task that fails to write its run's files because the
+disk is full or not writable (``ENOSPC``, ``EDQUOT``, ``EACCES``, ``EPERM``,
+``EROFS``) stops the sweep with that ``OSError``, since every following run
+would fail the same way; any other error of a task is recorded as a failed run.
 """
 
 from __future__ import annotations
@@ -33,9 +40,18 @@ from typing import Any, Callable
 
 from experiments.config import RunConfig, to_dict
 from experiments.run_one import init_process, kind_of, run_task
-from experiments.store import config_columns
+from experiments.store import STORAGE_ERRNOS, config_columns
 
-__all__ = ["Job", "available_cores", "run_local", "run_dask"]
+__all__ = ["Job", "SchedulerUnreachable", "available_cores", "connect", "run_local", "run_dask"]
+
+
+
+class SchedulerUnreachable(Exception):
+    """The Dask scheduler address is malformed or nothing answers there."""
+
+
+def _is_storage_error(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in STORAGE_ERRNOS
 
 
 @dataclass(frozen=True)
@@ -121,13 +137,37 @@ def run_local(
                     record = _died(job, context, e)
                     slots[i][1].shutdown(wait=False)  # type: ignore[index]
                     slots[i] = None
+                except Exception as e:  # noqa: BLE001
+                    if _is_storage_error(e):
+                        raise
+                    record = _died(job, context, e)
                 on_result(job, record)
                 if pending:
                     submit(i)
-    finally:
+    except BaseException:
+        # Ctrl-C, a full disk, an error in on_result: stop now, not after the runs in flight.
+        _stop_workers()
+        for slot in slots:
+            if slot is not None:
+                slot[1].shutdown(wait=False, cancel_futures=True)
+        raise
+    else:
         for slot in slots:
             if slot is not None:
                 slot[1].shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_workers(grace: float = 2.0) -> None:
+    """Terminate this process's worker processes (SIGTERM, then SIGKILL after ``grace`` seconds)."""
+    children = multiprocessing.active_children()
+    for p in children:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in children:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
 
 
 def _threads_per_worker(client: Any) -> int:
@@ -138,34 +178,54 @@ def _threads_per_worker(client: Any) -> int:
     return max(1, min(counts)) if counts else 1
 
 
-def run_dask(
-    jobs: list[Job], address: str, context: dict[str, Any], on_result: Callable[[Job, dict[str, Any]], None]
-) -> None:
-    """Submit ``jobs`` to the Dask scheduler at ``address``; ``on_result`` runs here as each finishes.
+def connect(address: str) -> Any:
+    """A ``dask.distributed.Client`` connected to the scheduler at ``address`` (within 10 s).
 
     Raises:
-        OSError: the scheduler cannot be reached (within 10 s).
+        SchedulerUnreachable: ``address`` is malformed or nothing answers there;
+            the message names the address and the cause.
     """
-    from dask.distributed import Client, as_completed
+    from dask.distributed import Client
 
-    with Client(address, timeout="10s") as client:
-        threads = _threads_per_worker(client)
-        futures = {
-            client.submit(
-                run_task,
-                to_dict(j.run),
-                str(Path(j.run_dir).resolve()),
-                context,
-                threads,
-                key=f"prune-run-{j.run.run_id}-{uuid.uuid4().hex[:8]}",
-                pure=False,
-            ): j
-            for j in jobs
-        }
+    try:
+        return Client(address, timeout="10s")
+    except Exception as e:  # noqa: BLE001 - ValueError (bad address), OSError/TimeoutError (no answer)
+        raise SchedulerUnreachable(f"cannot reach the Dask scheduler {address!r}: {type(e).__name__}: {e}") from None
+
+
+def run_dask(
+    jobs: list[Job], client: Any, context: dict[str, Any], on_result: Callable[[Job, dict[str, Any]], None]
+) -> None:
+    """Submit ``jobs`` through ``client`` (see :func:`connect`); ``on_result`` runs here as each finishes.
+
+    A task that raised a storage error (disk full, permission) stops the sweep
+    with it; on Ctrl-C the pending tasks are cancelled.
+    """
+    from dask.distributed import as_completed
+
+    threads = _threads_per_worker(client)
+    futures = {
+        client.submit(
+            run_task,
+            to_dict(j.run),
+            str(Path(j.run_dir).resolve()),
+            context,
+            threads,
+            key=f"prune-run-{j.run.run_id}-{uuid.uuid4().hex[:8]}",
+            pure=False,
+        ): j
+        for j in jobs
+    }
+    try:
         for fut in as_completed(futures):
             job = futures[fut]
             try:
                 record = fut.result()
             except Exception as e:  # noqa: BLE001 - the task died (worker lost, import error): record it, go on
+                if _is_storage_error(e):
+                    raise
                 record = _died(job, context, e)
             on_result(job, record)
+    except BaseException:
+        client.cancel(list(futures))
+        raise

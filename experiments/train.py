@@ -15,6 +15,10 @@ implementations by construction.
 * Latency: a ``tf.function`` around the deployed model's forward pass, warmed up,
   then the median over repeats, at batch 1 and 256.
 * Peak memory: the largest resident set size sampled every 20 ms during the run.
+* Divergence: when an epoch's training or test loss is NaN or infinite, or
+  ``fit`` raises while a weight holds NaN or inf, training stops and
+  :class:`Diverged` is raised with the curves so far; the run is recorded with
+  status ``diverged`` (a result, kept out of means and standard deviations).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import pandas as pd
 from experiments.config import RunConfig, TrainingConfig
 
 __all__ = [
+    "Diverged",
     "WARMUP_STEPS",
     "TrainResult",
     "make_optimizer",
@@ -60,6 +65,31 @@ REPORT_COLUMNS = [
     "dense_bytes",
     "status",
 ]
+
+
+class Diverged(Exception):
+    """Training diverged: the loss (or a weight) became NaN or infinite.
+
+    Attributes:
+        curves: Long-format rows ``(epoch, metric, value)`` up to and including the diverged epoch.
+        final: The last epoch's metrics (NaN where training failed before measuring them).
+        epoch: The epoch (1-based) in which it happened.
+    """
+
+    def __init__(self, reason: str, curves: list[tuple[int, str, float]], final: dict[str, float], epoch: int) -> None:
+        super().__init__(reason)
+        self.curves = curves
+        self.final = final
+        self.epoch = epoch
+
+
+def _nonfinite_weight(model: Any) -> str | None:
+    """Name of the first weight of ``model`` holding NaN or inf, else ``None``."""
+    for w in model.weights:
+        value = np.asarray(w.numpy() if hasattr(w, "numpy") else w)
+        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+            return getattr(w, "path", None) or w.name
+    return None
 
 
 def steps_per_epoch(n_train: int, batch_size: int) -> int:
@@ -147,7 +177,17 @@ def train(
         order = rng.permutation(n)
         x, y = data.x_train[order], data.y_train[order]
         t0 = time.perf_counter()
-        hist = model.fit(x, y, batch_size=cfg.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[*callbacks, timer])
+        try:
+            hist = model.fit(
+                x, y, batch_size=cfg.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[*callbacks, timer]
+            )
+        except Exception as e:  # a diverged model can make a later step fail (e.g. pruning NaN weights)
+            bad = _nonfinite_weight(model)
+            if bad is None:
+                raise
+            reason = f"weight {bad} became NaN or infinite in epoch {epoch + 1}, then {type(e).__name__}: {e}"
+            log("DIVERGED " + reason)
+            raise Diverged(reason[:500], curves, final, epoch + 1) from e
         fit_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         test_loss, test_acc = model.evaluate(data.x_test, data.y_test, batch_size=512, verbose=0)
@@ -160,6 +200,11 @@ def train(
         }
         curves += [(epoch + 1, k, v) for k, v in final.items()]
         log(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(f"{k}={v:.4f}" for k, v in final.items()))
+        bad_losses = [k for k in ("train_loss", "test_loss") if not math.isfinite(final[k])]
+        if bad_losses:
+            reason = f"{' and '.join(bad_losses)} {final[bad_losses[0]]} in epoch {epoch + 1}"
+            log("DIVERGED " + reason)
+            raise Diverged(reason, curves, final, epoch + 1)
     return TrainResult(curves, step_times, fit_s, eval_s, final, model)
 
 

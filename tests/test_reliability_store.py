@@ -1,0 +1,201 @@
+"""The results folder under damage and contention, in-process and fast: the lock and the table repair."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.config import DatasetConfig, ImplementationConfig, ModelConfig, RunConfig, ScheduleConfig
+from experiments.store import CURVE_COLUMNS, RUN_COLUMNS, Locked, Store, SweepLock, config_columns, read_result
+from experiments.summary import format_summary, summarize
+
+
+def row(run_id: str, status: str = "ok", acc: float = 0.5) -> dict:
+    run = RunConfig(ImplementationConfig("masked"), DatasetConfig("digits"), ModelConfig("lenet300"), 0, sparsity=0.5,
+                    schedule=ScheduleConfig())
+    return {**config_columns(run, "s"), "run_id": run_id, "status": status, "test_accuracy": acc}
+
+
+def curves(run_id: str, epochs: int = 2) -> list[dict]:
+    return [dict(run_id=run_id, epoch=e, metric="test_accuracy", value=0.5 + e / 10) for e in range(1, epochs + 1)]
+
+
+def write_result(root: Path, run_id: str, status: str = "ok") -> Path:
+    path = root / "runs" / run_id / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"row": row(run_id, status), "curves": curves(run_id)}))
+    return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def finished(root: Path, ids: list[str]) -> Store:
+    """A sweep folder whose runs ``ids`` finished normally (result.json, row, curves)."""
+    store = Store(root)
+    store.open()
+    for run_id in ids:
+        write_result(root, run_id)
+        store.add(row(run_id), curves(run_id))
+    return store
+
+
+@pytest.mark.parametrize("damage", ["empty", "headerless", "deleted"])
+def test_damaged_runs_csv_is_rebuilt_from_result_files(tmp_path, damage):
+    finished(tmp_path, ["a", "b", "c"])
+    runs = tmp_path / "runs.csv"
+    if damage == "empty":
+        runs.write_bytes(b"")  # a crash or a full disk
+    elif damage == "headerless":
+        runs.write_text(runs.read_text().split("\n", 1)[1])
+    else:
+        runs.unlink()
+    status = Store(tmp_path)
+    assert sorted(status.read()) == ["a", "b", "c"]  # status sees what run will see, writing nothing
+    assert damage == "deleted" or runs.read_text().startswith("run_id") is False
+    store = Store(tmp_path)
+    store.open()
+    rows = read_csv(runs)
+    assert list(rows[0]) == RUN_COLUMNS and sorted(r["run_id"] for r in rows) == ["a", "b", "c"]
+    # appending now writes under the header: the next reader sees every row
+    store.add(row("d"), curves("d"))
+    assert [r["run_id"] for r in read_csv(runs)][-1] == "d"
+    assert Store(tmp_path).read()["d"]["status"] == "ok"
+
+
+def test_corrupt_result_without_row_is_moved_aside_and_its_run_is_missing(tmp_path):
+    finished(tmp_path, ["a", "b"])
+    half = tmp_path / "runs" / "c" / "result.json"
+    half.parent.mkdir(parents=True)
+    half.write_text('{"row": {"run_id": "c", "status": "o')  # half-written, no row in runs.csv
+    status = Store(tmp_path)
+    assert sorted(status.read()) == ["a", "b"] and status.corrupt_ids() == ["c"]
+    assert half.exists()  # read() writes nothing
+    store = Store(tmp_path)
+    store.open()
+    assert sorted(store.rows) == ["a", "b"]
+    assert not half.exists() and (half.parent / "result.json.corrupt").exists()
+    assert any(str(half) in w and "redone" in w for w in store.warnings)
+    with pytest.raises(ValueError, match=str(half.parent / "result.json.corrupt").replace(".", r"\.")):
+        read_result(half.parent / "result.json.corrupt")
+
+
+def test_result_from_another_run_or_without_fields_is_corrupt(tmp_path):
+    wrong = write_result(tmp_path, "a")
+    os.rename(wrong.parent, tmp_path / "runs" / "b")
+    with pytest.raises(ValueError, match="holds run 'a', not 'b'"):
+        read_result(tmp_path / "runs" / "b" / "result.json")
+    (tmp_path / "runs" / "b" / "result.json").write_text('{"row": {}}')
+    with pytest.raises(ValueError, match="not a run record"):
+        read_result(tmp_path / "runs" / "b" / "result.json")
+
+
+def test_duplicate_and_missing_curves_are_repaired_from_result_files(tmp_path):
+    finished(tmp_path, ["a", "b"])
+    path = tmp_path / "curves.csv"
+    text = path.read_text()
+    body = text.split("\n", 1)[1]
+    path.write_text(text + body)  # a second writer appended every point again
+    store = Store(tmp_path)
+    store.open()
+    points = [(c["run_id"], c["epoch"], c["metric"]) for c in read_csv(path)]
+    assert len(points) == len(set(points)) == 4
+    path.unlink()  # deleted: every curve is still in result.json
+    Store(tmp_path).open()
+    kept = read_csv(path)
+    assert list(kept[0]) == CURVE_COLUMNS
+    assert sorted((c["run_id"], c["epoch"], c["value"]) for c in kept) == [
+        ("a", "1", "0.6"), ("a", "2", "0.7"), ("b", "1", "0.6"), ("b", "2", "0.7")
+    ]
+
+
+def test_foreign_runs_csv_is_refused_and_left_alone(tmp_path):
+    (tmp_path / "runs.csv").write_text("name,score\nalice,3\n")
+    with pytest.raises(ValueError, match=r"runs\.csv has columns \['name', 'score'\].*move it away"):
+        Store(tmp_path).open()
+    with pytest.raises(ValueError, match="not written by this runner"):
+        Store(tmp_path).read()
+    assert (tmp_path / "runs.csv").read_text() == "name,score\nalice,3\n"
+
+
+HOLD = """
+import fcntl, json, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "command": "holder"}).encode(), 0)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_lock_names_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock = SweepLock(tmp_path)
+        assert SweepLock(tmp_path).holder()["pid"] == holder.pid
+        with pytest.raises(Locked, match=f"in use by pid {holder.pid} on host {socket.gethostname()}"):
+            lock.acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died (kill -9): the kernel dropped its lock, its name is still in the file.
+    assert SweepLock(tmp_path).holder() is None
+    with SweepLock(tmp_path, command="me") as lock:
+        assert lock.took_over is not None and f"pid {holder.pid}" in lock.took_over
+        info = json.loads((tmp_path / ".lock").read_text())
+        assert info["pid"] == os.getpid() and info["command"] == "me"
+        with pytest.raises(Locked, match=f"pid {os.getpid()}"):
+            SweepLock(tmp_path).acquire()  # a second open file description conflicts, in one process too
+    assert (tmp_path / ".lock").read_text() == ""  # released and cleared
+    with SweepLock(tmp_path) as again:
+        assert again.took_over is None
+
+
+def test_lock_without_flock_trusts_a_dead_pid_on_this_host_only(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = SweepLock(tmp_path)
+    fd = os.open(lock.path if lock.path.parent.exists() else tmp_path / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": dead.pid}).encode(), 0)
+        lock._check_content(fd)  # dead on this host: no exception, taken over
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode(), 0)
+        with pytest.raises(Locked, match=f"pid {os.getpid()}"):
+            lock._check_content(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"host": "elsewhere.example", "pid": dead.pid}).encode(), 0)
+        with pytest.raises(Locked, match=r"on host elsewhere\.example.*delete"):
+            lock._check_content(fd)
+    finally:
+        os.close(fd)
+
+
+def test_summary_keeps_diverged_runs_out_of_means_and_counts_them():
+    runs = pd.DataFrame(
+        dict(
+            dataset="digits", model="mlp", schedule="polynomial", implementation="masked", matmul="",
+            target_sparsity=[0.5, 0.5, 0.5, 0.9], seed=[0, 1, 2, 0], status=["ok", "ok", "diverged", "diverged"],
+            test_accuracy=[0.8, 0.9, 0.1, 0.1], sparsity=[0.5, 0.5, float("nan"), float("nan")], step_time_ms=1.0,
+            latency_b1_ms=1.0, latency_b256_ms=1.0,
+        )
+    )
+    s = summarize(runs).set_index("target_sparsity")
+    assert s.loc[0.5, "test_accuracy_mean"] == pytest.approx(0.85)
+    assert s.loc[0.5, "seeds"] == 2 and s.loc[0.5, "diverged"] == 1
+    assert s.loc[0.9, "seeds"] == 0 and s.loc[0.9, "diverged"] == 1 and pd.isna(s.loc[0.9, "test_accuracy_mean"])
+    text = format_summary(summarize(runs))
+    assert "diverged" in text.splitlines()[0]
+    assert text.splitlines()[2].split()[5] == "diverged"  # the 0.9 cell's accuracy column
