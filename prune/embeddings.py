@@ -9,9 +9,9 @@ The result feeds :class:`prune.layers.PartiallyFrozenEmbedding` directly::
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import warnings
+import zlib
 from typing import IO, Iterator, Sequence
 
 import numpy as np
@@ -19,12 +19,12 @@ import numpy as np
 __all__ = ["load_glove"]
 
 
-def _open(path: str | os.PathLike) -> IO[str]:
+def _open(path: str | os.PathLike) -> IO[bytes]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="strict")
-    return open(path, encoding="utf-8", errors="strict")
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
 
 
 def _is_header(parts: list[str]) -> bool:
@@ -32,8 +32,33 @@ def _is_header(parts: list[str]) -> bool:
 
 
 def _lines(path: str | os.PathLike) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, fields)`` of each non-blank line, decoded as UTF-8 line by line.
+
+    Raises:
+        ValueError: a line is not UTF-8, or a gzip file is truncated or corrupt;
+            the message names the file, the line number and the cause.
+    """
+    number = 0
     with _open(path) as f:
-        for number, line in enumerate(f, start=1):
+        it = iter(f)
+        while True:
+            try:
+                raw = next(it)
+            except StopIteration:
+                return
+            except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+                raise ValueError(
+                    f"{os.fspath(path)}: line {number + 1}: the gzip data is truncated or corrupt "
+                    f"({type(err).__name__}: {err})"
+                ) from None
+            number += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{os.fspath(path)}: line {number}: not UTF-8 at byte {err.start} of the line "
+                    f"({raw[max(0, err.start - 10):err.start + 10]!r})"
+                ) from None
             parts = line.rstrip("\r\n").rstrip().split(" ")
             if parts == [""]:
                 continue  # blank line
@@ -83,7 +108,8 @@ def load_glove(
 
     Raises:
         ValueError: ``vocab`` not a sequence of strings (naming the entry), a
-            malformed line or a dimension mismatch (naming the line number), an
+            malformed line, a dimension mismatch, bytes that are not UTF-8 or a
+            truncated/corrupt gzip stream (naming the path and line number), an
             empty file, or ``vocab`` given with no word in the file and no way
             to know ``D``.
         FileNotFoundError: ``path`` does not exist.

@@ -137,7 +137,7 @@ class PolynomialDecay(PruningSchedule):
         final_sparsity: Sparsity from ``end_step`` on, in [0, 1).
         begin_step: First update step (>= 0).
         end_step: Last update step (> begin_step).
-        power: Exponent of the decay; 3 in the paper.
+        power: Exponent of the decay (> 0); 3 in the paper.
         frequency: Update masks every ``frequency`` steps (> 0).
     """
 
@@ -158,7 +158,9 @@ class PolynomialDecay(PruningSchedule):
                 f"end_step={self.end_step!r}"
             )
         if isinstance(self.power, bool) or not isinstance(self.power, (int, float)) or not math.isfinite(self.power):
-            raise ValueError(f"power must be a finite number, got {self.power!r}")
+            raise ValueError(f"power must be a finite number > 0, got {self.power!r}")
+        if self.power <= 0:  # (1 - p) ** power: 0 never moves, < 0 divides by zero at end_step
+            raise ValueError(f"power must be a finite number > 0, got {self.power!r}")
 
     def sparsity_at(self, step: int) -> float:
         """The sparsity the schedule prescribes at ``step``.

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from prune.layers.sparse import update_sparse_masks
@@ -52,6 +53,14 @@ class UpdatePruningStep(keras.callbacks.Callback):
     step (in Python) and, where one fires, masks are recomputed and the pruned
     entries of weights and optimizer slots are set to zero.
 
+    Under ``model.compile(steps_per_execution=k)`` the hooks run once per k
+    steps; the step is taken from the layers' counter and the batch index, so
+    the schedule still sees true training steps, and ``fit`` refuses before
+    training (``ValueError``) when a scheduled update would fall inside an
+    execution. A model built lazily by its first step (no ``keras.Input``) gets
+    its step-0 update right after that step (the first step trains unmasked);
+    build it first for an exact step 0.
+
     Args:
         optimizer: Optimizer whose slots to reset; defaults to ``model.optimizer``.
     """
@@ -62,6 +71,8 @@ class UpdatePruningStep(keras.callbacks.Callback):
         self._step = 0
         self._pending: int | None = None
         self._layers: list[Any] = []
+        self._fit_start = 0
+        self._epoch_start: int | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._layers = stepped_layers(self.model)
@@ -72,6 +83,50 @@ class UpdatePruningStep(keras.callbacks.Callback):
             )
         built = [layer for layer in self._layers if layer.built]
         self._step = int(built[0].pruning_step.numpy()) if built else 0
+        self._fit_start = self._step
+        self._epoch_start: int | None = None
+        self._check_execution_boundaries()
+
+    def _steps_per_execution(self) -> int:
+        spe = getattr(self.model, "steps_per_execution", 1)
+        return int(spe) if isinstance(spe, (int, np.integer)) and spe > 0 else 1
+
+    def _check_execution_boundaries(self) -> None:
+        """Refuse, before training, a ``steps_per_execution`` that would move a mask update.
+
+        ``fit`` calls the batch hooks once per execution of ``k =
+        steps_per_execution`` steps, so masks can change only at steps
+        ``fit_start + e * steps + j * k`` (``e`` epochs in, ``j * k < steps``).
+        The run is exact when every step at which a schedule updates falls on
+        such a boundary (e.g. ``begin_step`` and ``frequency`` multiples of
+        ``k`` that divides the epoch length); otherwise no choice of when to
+        update reproduces ``steps_per_execution=1``, and this raises.
+        """
+        k = self._steps_per_execution()
+        if k == 1 or not self.params:
+            return
+        steps, epochs = self.params.get("steps"), self.params.get("epochs")
+        if not steps or not epochs:
+            raise ValueError(
+                f"steps_per_execution={k}: UpdatePruningStep needs a known number of steps per epoch to check that "
+                "every mask update falls between executions; pass `steps_per_epoch` to fit, or compile with "
+                "steps_per_execution=1"
+            )
+        epochs_left = int(epochs) - int(self.params.get("initial_epoch", 0) or 0)
+        schedules = {id(s): s for s in (getattr(layer, "pruning_schedule", None) for layer in self._layers) if s}
+        for offset in range(int(steps) * max(1, epochs_left)):
+            if offset % int(steps) % k == 0:
+                continue  # a boundary: the update runs exactly there
+            step = self._fit_start + offset
+            for schedule in schedules.values():
+                if schedule.should_update(step):
+                    raise ValueError(
+                        f"steps_per_execution={k} cannot honour the pruning schedule {schedule!r}: it updates masks "
+                        f"at step {step}, inside an execution of {k} steps (masks change only between executions, "
+                        f"at steps {self._fit_start} + epoch * {steps} + a multiple of {k}). Compile with "
+                        "steps_per_execution=1, or choose begin_step, end_step and frequency that are multiples of "
+                        f"{k} with {k} dividing the {steps} steps of an epoch"
+                    )
 
     def _update(self, step: int) -> None:
         optimizer = self._optim()
@@ -91,16 +146,33 @@ class UpdatePruningStep(keras.callbacks.Callback):
         # inside the compiled step instead (PrunableLayer.advance_step).
         if not self._layers:  # used in a custom loop without on_train_begin
             self.on_train_begin()
+        if self.params:
+            # In fit, ``batch`` is the first step of this execution within the
+            # epoch (steps_per_execution > 1 calls this once per k steps); the
+            # epoch's first step is read from the layers' counter, once per epoch.
+            if batch == 0 or self._epoch_start is None:
+                built = [layer for layer in self._layers if layer.built]
+                self._epoch_start = (int(built[0].pruning_step.numpy()) if built else self._step) - batch
+            self._step = self._epoch_start + batch
         if any(not layer.built for layer in self._layers):
             # A lazily built model builds its layers inside this first step, so
-            # there is no mask yet: the update for this step runs before the next.
-            self._pending = self._step
+            # there is no mask yet: the update for this step runs before the next
+            # step or when training ends, whichever comes first.
+            if self._pending is None:
+                self._pending = self._step
         else:
-            if self._pending is not None:
-                self._update(self._pending)
-                self._pending = None
+            self._apply_pending()
             self._update(self._step)
         self._step += 1
+
+    def _apply_pending(self) -> None:
+        if self._pending is not None and all(layer.built for layer in self._layers):
+            pending, self._pending = self._pending, None
+            self._update(pending)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        # A lazily built model whose fit was a single step still gets its step-0 update.
+        self._apply_pending()
 
 
 SparsePruningStep = UpdatePruningStep
