@@ -20,6 +20,7 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
+from prune._internals import has_sublayers, layer_tracker
 from prune import masks as _masks
 from prune.layers.masked import PrunableLayer
 from prune.pruning import iter_layers, prunable_layers
@@ -91,13 +92,13 @@ def _replace_attributes(parent: Any, fn: Callable[[Any], Any]) -> None:
     # Subclassed models: swap attribute layers, keeping Keras's tracking in step.
     # Keras locks a built layer's state; replace_tracked_value is its own way of
     # swapping one tracked layer for another.
-    tracker = getattr(parent, "_tracker", None)
+    tracker = layer_tracker(parent)
     for attr, value in list(vars(parent).items()):
         if attr.startswith("_") or not isinstance(value, keras.layers.Layer):
             continue
         new = fn(value)
         if new is value:
-            if isinstance(value, keras.Model) or getattr(value, "_layers", None):
+            if isinstance(value, keras.Model) or has_sublayers(value):
                 _replace_attributes(value, fn)
             continue
         if tracker is not None:

@@ -79,6 +79,7 @@ import numpy as np
 import tensorflow as tf
 
 from prune.masks import validate_mask
+from prune._internals import adam_moments, optimizer_variable_index, uses_weight_decay
 from prune.optimizer_state import zero_slot_entries
 
 __all__ = [
@@ -505,7 +506,7 @@ class LazyAdam(keras.optimizers.Adam):
         return None  # applied per row (or densely for dense gradients) in update_step
 
     def _decay(self, variable: Any, learning_rate: Any) -> Any:
-        if self.weight_decay is None or not self._use_weight_decay(variable):
+        if self.weight_decay is None or not uses_weight_decay(self, variable):
             return None
         return tf.cast(learning_rate, variable.dtype) * tf.cast(self.weight_decay, variable.dtype)
 
@@ -526,8 +527,8 @@ class LazyAdam(keras.optimizers.Adam):
         alpha = lr * tf.sqrt(1 - tf.pow(beta_2, step)) / (1 - tf.pow(beta_1, step))
         rows, pos = tf.unique(gradient.indices)
         g = tf.math.unsorted_segment_sum(tf.cast(gradient.values, dtype), pos, tf.shape(rows)[0])
-        index = self._get_variable_index(variable)
-        m, v = _read(self._momentums[index]), _read(self._velocities[index])
+        m, v, hat = adam_moments(self, optimizer_variable_index(self, variable))
+        m, v = _read(m), _read(v)
         var = _read(variable)
         m_rows, v_rows = tf.gather(m, rows), tf.gather(v, rows)
         # Same constants and operation order as keras Adam (1 - beta in Python, then cast).
@@ -536,7 +537,7 @@ class LazyAdam(keras.optimizers.Adam):
         m.scatter_update(tf.IndexedSlices(m_rows, rows))
         v.scatter_update(tf.IndexedSlices(v_rows, rows))
         if self.amsgrad:
-            vh = _read(self._velocity_hats[index])
+            vh = _read(hat)
             v_rows = tf.maximum(tf.gather(vh, rows), v_rows)
             vh.scatter_update(tf.IndexedSlices(v_rows, rows))
         decay = self._decay(variable, learning_rate)

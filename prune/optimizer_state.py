@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from prune._internals import OPTIMIZER_VARIABLES, optimizer_variables
+
 __all__ = ["slots_for", "zero_slot_entries"]
 
 
@@ -35,8 +37,7 @@ def _inner(optimizer: Any) -> Any:
 
 
 def _index_of(optimizer: Any, variable: Any) -> int | None:
-    tracked = getattr(optimizer, "_trainable_variables", None) or []
-    for i, v in enumerate(tracked):
+    for i, v in enumerate(optimizer_variables(optimizer)):
         if v is variable:
             return i
     return None
@@ -62,10 +63,10 @@ def slots_for(optimizer: Any, variable: Any) -> list[Any]:
     index = _index_of(opt, variable)
     if index is None:
         return []
-    n = len(opt._trainable_variables)
+    n = len(optimizer_variables(opt))
     found: list[Any] = []
     for name in sorted(vars(opt)):
-        if name == "_trainable_variables":
+        if name == OPTIMIZER_VARIABLES:
             continue
         value = getattr(opt, name)
         if not isinstance(value, (list, tuple)) or len(value) != n:

@@ -63,6 +63,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from prune._internals import backing_variable, set_backing_variable, set_variable_shape
 from prune import kernels
 from prune import masks as _masks
 from prune.optimizer_state import slots_for
@@ -79,14 +80,14 @@ def _make_dynamic(var: Any, value: Any) -> bool:
     a static shape), i.e. when graphs traced earlier hold a stale handle.
     """
     value = tf.convert_to_tensor(value, dtype=var.dtype)
-    backing = var._value
+    backing = backing_variable(var)
     replaced = backing.shape.rank is None or backing.shape[0] is not None
     if replaced:
         dynamic = tf.TensorShape([None]).concatenate(value.shape[1:])
-        var._value = tf.Variable(value, shape=dynamic, trainable=backing.trainable, name=backing.name.split(":")[0])
+        set_backing_variable(var, tf.Variable(value, shape=dynamic, trainable=backing.trainable, name=backing.name.split(":")[0]))
     else:
         backing.assign(value)
-    var._shape = tuple(int(d) for d in value.shape)
+    set_variable_shape(var, tuple(int(d) for d in value.shape))
     return replaced
 
 
@@ -326,7 +327,7 @@ class SparseDense(keras.layers.Layer):
         # tf.train.Checkpoint restores straight into the backing variables,
         # which may change their length: bring the Keras-side shapes up to date.
         for var in self._structural():
-            var._shape = tuple(int(d) for d in tf.shape(var._value).numpy())
+            set_variable_shape(var, tuple(int(d) for d in tf.shape(backing_variable(var)).numpy()))
 
     def to_dense(self) -> np.ndarray:
         """The weight as a dense ``[n_in, n_out]`` array (+0.0 where absent)."""

@@ -1,0 +1,127 @@
+"""Every private Keras attribute prune touches, behind one door.
+
+Keras 3 offers no public way to do a few things prune needs: find which slot
+variables of an optimizer shadow a model variable, give a variable a new
+first dimension (a ``SparseDense`` layer shrinking its values), swap a layer
+tracked by a subclassed model, and update Adam's moments row by row
+(``LazyAdam``). Each such access is one function here, and
+``tests/test_internals.py`` has one canary test per function that fails with
+:class:`KerasInternalsChanged` (naming the attribute and the Keras version)
+when Keras renames or removes it. ``setup.cfg`` pins the Keras line these
+were written and tested against (:data:`TESTED_KERAS`).
+
+Nothing else in ``prune`` reads or writes a private Keras or TensorFlow
+attribute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+__all__ = [
+    "TESTED_KERAS",
+    "KerasInternalsChanged",
+    "OPTIMIZER_VARIABLES",
+    "optimizer_variables",
+    "optimizer_variable_index",
+    "adam_moments",
+    "uses_weight_decay",
+    "backing_variable",
+    "set_backing_variable",
+    "set_variable_shape",
+    "layer_tracker",
+    "has_sublayers",
+]
+
+TESTED_KERAS = "3.15"
+"""The Keras minor version these accesses were written against (pinned in setup.cfg)."""
+
+OPTIMIZER_VARIABLES = "_trainable_variables"
+"""Name of the optimizer attribute listing the variables it trains, in slot order."""
+
+
+class KerasInternalsChanged(RuntimeError):
+    """A private Keras attribute prune relies on is gone or changed."""
+
+
+def _missing(owner: Any, name: str, what: str) -> KerasInternalsChanged:
+    return KerasInternalsChanged(
+        f"{type(owner).__name__}.{name} ({what}) is missing in Keras {keras.__version__}; prune was tested with "
+        f"Keras {TESTED_KERAS}.x (see prune/_internals.py and setup.cfg)"
+    )
+
+
+def optimizer_variables(optimizer: Any) -> list[Any]:
+    """The variables a built Keras 3 optimizer trains, in the order of its slot lists (``_momentums[i]``...)."""
+    try:
+        return list(getattr(optimizer, OPTIMIZER_VARIABLES))
+    except AttributeError:
+        raise _missing(optimizer, OPTIMIZER_VARIABLES, "the variables it trains") from None
+
+
+def optimizer_variable_index(optimizer: Any, variable: Any) -> Any:
+    """The slot index of ``variable`` (works inside ``tf.function``; the optimizer's own lookup)."""
+    try:
+        lookup = optimizer._get_variable_index
+    except AttributeError:
+        raise _missing(optimizer, "_get_variable_index", "slot index of a variable") from None
+    return lookup(variable)
+
+
+def adam_moments(optimizer: Any, index: int) -> tuple[Any, Any, Any | None]:
+    """``(m, v, v_hat or None)`` slot variables of Adam at ``index``."""
+    try:
+        m, v = optimizer._momentums[index], optimizer._velocities[index]
+    except AttributeError:
+        raise _missing(optimizer, "_momentums/_velocities", "Adam's moment slots") from None
+    hat = None
+    if optimizer.amsgrad:
+        try:
+            hat = optimizer._velocity_hats[index]
+        except AttributeError:
+            raise _missing(optimizer, "_velocity_hats", "AMSGrad's slot") from None
+    return m, v, hat
+
+
+def uses_weight_decay(optimizer: Any, variable: Any) -> bool:
+    """Whether the optimizer's weight decay applies to ``variable`` (its exclusion lists)."""
+    try:
+        check = optimizer._use_weight_decay
+    except AttributeError:
+        raise _missing(optimizer, "_use_weight_decay", "weight-decay exclusion check") from None
+    return bool(check(variable))
+
+
+def backing_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` behind a Keras 3 (TensorFlow backend) variable."""
+    try:
+        return variable._value
+    except AttributeError:
+        raise _missing(variable, "_value", "the backing tf.Variable") from None
+
+
+def set_backing_variable(variable: Any, backing: Any) -> None:
+    """Replace the ``tf.Variable`` behind a Keras variable (to change its shape)."""
+    if not hasattr(variable, "_value"):
+        raise _missing(variable, "_value", "the backing tf.Variable")
+    variable._value = backing
+
+
+def set_variable_shape(variable: Any, shape: tuple[int, ...]) -> None:
+    """Set the shape a Keras variable reports, after its backing variable changed length."""
+    if not hasattr(variable, "_shape"):
+        raise _missing(variable, "_shape", "the shape Keras reports")
+    variable._shape = tuple(shape)
+
+
+def layer_tracker(layer: Any) -> Any | None:
+    """The layer's attribute tracker (``replace_tracked_value``, ``lock``/``unlock``), or ``None`` for a
+    layer that never tracked anything."""
+    return getattr(layer, "_tracker", None)
+
+
+def has_sublayers(layer: Any) -> bool:
+    """Whether a (non-Model) layer tracks sublayers of its own."""
+    return bool(getattr(layer, "_layers", None))

@@ -1,0 +1,110 @@
+"""Canaries: one test per private Keras attribute prune touches (prune/_internals.py).
+
+Each checks the attribute still exists *and* still means what prune assumes,
+on real Keras objects, so a Keras upgrade that changes one fails here with
+the attribute's name rather than somewhere deep in a training run.
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from prune import _internals as internals
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _built_adam(amsgrad: bool = False) -> tuple[keras.optimizers.Adam, list[keras.Variable]]:
+    variables = [keras.Variable(np.ones((3, 2), "float32"), name="a"), keras.Variable(np.ones(4, "float32"), name="b")]
+    opt = keras.optimizers.Adam(0.1, amsgrad=amsgrad)
+    opt.apply_gradients([(tf.ones((3, 2)), variables[0]), (tf.ones(4), variables[1])])
+    return opt, variables
+
+
+def test_tested_keras_line_is_installed_and_pinned():
+    assert keras.__version__.startswith(internals.TESTED_KERAS + "."), keras.__version__
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    requires = cfg["options"]["install_requires"]
+    major, minor = internals.TESTED_KERAS.split(".")
+    assert re.search(rf"keras>={major}\.{minor},<{major}\.{int(minor) + 1}\b", requires), requires
+
+
+def test_optimizer_variables_are_the_trained_variables_in_slot_order():
+    opt, variables = _built_adam()
+    tracked = internals.optimizer_variables(opt)
+    assert [v is w for v, w in zip(tracked, variables)] == [True, True]
+    assert internals.OPTIMIZER_VARIABLES in vars(opt)
+    # slot i shadows variable i: the contract prune.optimizer_state relies on
+    assert [tuple(m.shape) for m in opt._momentums] == [(3, 2), (4,)]
+
+
+def test_optimizer_variable_index_and_adam_moments():
+    opt, variables = _built_adam(amsgrad=True)
+    index = internals.optimizer_variable_index(opt, variables[1])
+    assert int(index) == 1
+    m, v, hat = internals.adam_moments(opt, index)
+    # one Adam step from zero with gradient 1: m = 1 - beta_1, v = 1 - beta_2
+    np.testing.assert_allclose(m.numpy(), np.full(4, 0.1), rtol=1e-6)
+    np.testing.assert_allclose(v.numpy(), np.full(4, 0.001), rtol=1e-6)
+    np.testing.assert_allclose(hat.numpy(), v.numpy())
+    assert internals.adam_moments(_built_adam()[0], 0)[2] is None
+
+
+def test_uses_weight_decay_honours_the_exclusion_list():
+    opt = keras.optimizers.AdamW(0.1, weight_decay=0.01)
+    keep, skip = keras.Variable(np.ones(2, "float32"), name="keep"), keras.Variable(np.ones(2, "float32"), name="bias")
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    opt.build([keep, skip])
+    assert internals.uses_weight_decay(opt, keep) is True
+    assert internals.uses_weight_decay(opt, skip) is False
+    # LazyAdam overrides this private hook to apply decay per row
+    assert callable(getattr(keras.optimizers.Adam, "_apply_weight_decay", None))
+
+
+def test_backing_variable_can_be_replaced_with_a_dynamic_shape():
+    var = keras.Variable(np.arange(6, dtype="float32").reshape(3, 2))
+    backing = internals.backing_variable(var)
+    assert isinstance(backing, tf.Variable) and backing.shape == (3, 2)
+    grown = tf.Variable(np.zeros((5, 2), "float32"), shape=tf.TensorShape([None, 2]))
+    internals.set_backing_variable(var, grown)
+    internals.set_variable_shape(var, (5, 2))
+    assert var.shape == (5, 2) and internals.backing_variable(var) is grown
+    np.testing.assert_array_equal(var.numpy(), np.zeros((5, 2)))
+
+
+def test_layer_tracker_replaces_a_tracked_sublayer():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.inner = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.inner(x)
+
+    net = Net()
+    net(np.ones((1, 3), "float32"))
+    tracker = internals.layer_tracker(net)
+    assert tracker is not None and callable(tracker.replace_tracked_value)
+    new = keras.layers.Dense(2)
+    locked = tracker.locked
+    tracker.unlock()
+    tracker.replace_tracked_value("layers", net.inner, new)
+    if locked:
+        tracker.lock()
+    assert any(layer is new for layer in net.layers)
+    assert internals.has_sublayers(net) and not internals.has_sublayers(keras.layers.Dense(2))
+
+
+def test_a_missing_attribute_names_itself_and_the_keras_version():
+    with pytest.raises(internals.KerasInternalsChanged, match=r"object\._trainable_variables .* Keras 3\.\d+"):
+        internals.optimizer_variables(object())
+    with pytest.raises(internals.KerasInternalsChanged, match=r"_value"):
+        internals.backing_variable(object())
