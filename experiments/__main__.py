@@ -317,7 +317,7 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
         if todo and client is not None:
             run_dask(todo, client, context, on_result)
         elif todo:
-            run_local(todo, args.workers, context, on_result)
+            run_local(todo, args.workers, context, on_result, worker_log=root / "workers.log")
     except KeyboardInterrupt:
         bar.close()
         print(

@@ -70,13 +70,13 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _spawn(kind: str, threads: int) -> cf.ProcessPoolExecutor:
+def _spawn(kind: str, threads: int, stderr_path: str | None) -> cf.ProcessPoolExecutor:
     # One process per slot: a pool of one, so a crash is pinned to the run it was doing.
     return cf.ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=init_process,
-        initargs=(kind, threads, time.time(), True),
+        initargs=(kind, threads, time.time(), True, stderr_path),
     )
 
 
@@ -84,7 +84,7 @@ def _died(job: Job, context: dict[str, Any], error: BaseException) -> dict[str, 
     row = {
         **config_columns(job.run, context.get("sweep", "")),
         "status": "failed",
-        "error": f"worker process failed while running it ({type(error).__name__}: {error})"[:500],
+        "error": f"worker process failed while running it ({type(error).__name__}: {error}; its stderr is in workers.log)"[:500],
     }
     return {"row": row, "curves": []}
 
@@ -96,7 +96,11 @@ def _order(job: Job) -> tuple[int, int]:
 
 
 def run_local(
-    jobs: list[Job], workers: int, context: dict[str, Any], on_result: Callable[[Job, dict[str, Any]], None]
+    jobs: list[Job],
+    workers: int,
+    context: dict[str, Any],
+    on_result: Callable[[Job, dict[str, Any]], None],
+    worker_log: Path | None = None,
 ) -> None:
     """Run ``jobs`` on ``workers`` local processes, calling ``on_result`` in this process as each finishes.
 
@@ -106,7 +110,8 @@ def run_local(
     a slot's next run is of the other kind its process is replaced, so the
     tfmot runs start while the last Keras 3 runs are still finishing in other
     slots, and never more than ``workers`` processes exist. A run whose worker process dies (crash, out of memory) is
-    reported as failed, and its slot gets a fresh process.
+    reported as failed, and its slot gets a fresh process. Workers write their
+    standard error (TensorFlow's C++ log lines) to ``worker_log`` if given.
     """
     threads = max(1, available_cores() // workers)
     pending = collections.deque(sorted(jobs, key=_order))
@@ -120,7 +125,7 @@ def run_local(
         if slot is None or slot[0] != kind:
             if slot is not None:
                 slot[1].shutdown(wait=True)
-            slots[i] = slot = (kind, _spawn(kind, threads))
+            slots[i] = slot = (kind, _spawn(kind, threads, None if worker_log is None else str(worker_log)))
         fut = slot[1].submit(run_task, to_dict(job.run), str(job.run_dir), context, threads)
         running[fut] = (i, job)
 

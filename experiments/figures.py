@@ -37,7 +37,7 @@ import argparse
 import io
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
 
@@ -49,6 +49,7 @@ __all__ = [
     "PDF_METADATA",
     "PNG_METADATA",
     "load_sweep",
+    "load_sweep_with_diverged",
     "load_layer_speed",
     "main_table",
     "render",
@@ -71,6 +72,18 @@ _RUN_NUMERIC = [
 
 
 def load_sweep(sweep: str, results_root: str | Path = "results") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read a sweep's ``runs.csv`` and ``curves.csv``; see :func:`load_sweep_with_diverged`.
+
+    Returns:
+        ``(runs, curves)``: the finished runs with a test accuracy and their curves.
+    """
+    runs, curves, _ = load_sweep_with_diverged(sweep, results_root)
+    return runs, curves
+
+
+def load_sweep_with_diverged(
+    sweep: str, results_root: str | Path = "results"
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Read a sweep's ``runs.csv`` and ``curves.csv``.
 
     Args:
@@ -78,9 +91,13 @@ def load_sweep(sweep: str, results_root: str | Path = "results") -> tuple[pd.Dat
         results_root: The results root.
 
     Returns:
-        ``(runs, curves)``: the finished runs, tidied by
+        ``(runs, curves, diverged)``: the finished runs with a test accuracy, tidied by
         :func:`experiments.plotting.tidy_runs`, and the curves of those runs
-        sorted by run, metric and epoch.
+        sorted by run, metric and epoch, and the runs with status
+        ``diverged`` (same columns), which are kept out of every mean.
+        Optional columns a table lacks (``step_time_ms``, latencies, FLOPs;
+        ``dataset``/``model``, then ``"unknown"``) are added empty; the
+        figures that need them are skipped.
 
     Raises:
         ValueError: the sweep folder, ``runs.csv`` or ``curves.csv`` is
@@ -105,19 +122,31 @@ def load_sweep(sweep: str, results_root: str | Path = "results") -> tuple[pd.Dat
     for col in _RUN_NUMERIC:
         if col in runs.columns:
             runs[col] = pd.to_numeric(runs[col], errors="coerce")
+        elif col not in ("target_sparsity", "seed", "test_accuracy"):  # optional: its figure is skipped
+            runs[col] = float("nan")
+    for col in ("dataset", "model"):  # an older or hand-made table: one unnamed pair
+        if col not in runs.columns:
+            runs[col] = "unknown"
+        runs[col] = runs[col].fillna("unknown").astype(str)
     try:
-        ok = tidy_runs(runs)
+        everything = tidy_runs(runs.assign(status=runs["status"].where(runs["status"] != "diverged", "ok")))
     except ValueError as e:
         raise ValueError(f"sweep {sweep!r}: {runs_path}: {e}") from None
+    diverged_ids = set(runs.loc[runs["status"] == "diverged", "run_id"])
+    diverged = everything[everything["run_id"].isin(diverged_ids)].reset_index(drop=True)
+    ok = everything[~everything["run_id"].isin(diverged_ids)]
+    ok = ok[ok["test_accuracy"].notna()].reset_index(drop=True)
     if ok.empty:
-        raise ValueError(f"sweep {sweep!r}: {runs_path} has no run with status 'ok' ({len(runs)} rows)")
+        raise ValueError(
+            f"sweep {sweep!r}: {runs_path} has no run with status 'ok' and a test_accuracy ({len(runs)} rows)"
+        )
     curves = pd.read_csv(curves_path, dtype={"run_id": str, "metric": str})
     missing = [c for c in ("run_id", "epoch", "metric", "value") if c not in curves.columns]
     if missing:
         raise ValueError(f"sweep {sweep!r}: {curves_path} lacks columns {missing}")
     curves = curves[curves["run_id"].isin(set(ok["run_id"]))]
     curves = curves.sort_values(["run_id", "metric", "epoch"], kind="mergesort").reset_index(drop=True)
-    return ok, curves
+    return ok, curves, diverged
 
 
 def load_layer_speed(results_root: str | Path = "results") -> pd.DataFrame | None:
@@ -136,11 +165,14 @@ def _pm(mean: float, std: float, digits: int) -> str:
     return f"${mean:.{digits}f} \\pm {std:.{digits}f}$"
 
 
-def main_table(runs: pd.DataFrame) -> pd.DataFrame:
+def main_table(runs: pd.DataFrame, diverged: pd.DataFrame | None = None) -> pd.DataFrame:
     """The main result: accuracy ± std and speed by implementation × target sparsity.
 
     Args:
         runs: Output of :func:`load_sweep` (one dataset and model).
+        diverged: The diverged runs of that pair (from :func:`load_sweep_with_diverged`);
+            when any, a ``diverged`` count column is added (cells where every
+            seed diverged get a row with NaN metrics).
 
     Returns:
         Numeric columns ``implementation``, ``sparsity_pct``,
@@ -161,6 +193,15 @@ def main_table(runs: pd.DataFrame) -> pd.DataFrame:
         agg = aggregate(rel, value)[["label", "target", "mean", "std"]]
         agg = agg.rename(columns={"mean": f"{name}_mean", "std": f"{name}_std"})
         table = table.merge(agg, on=["label", "target"], how="left")
+    if diverged is not None and not diverged.empty:
+        counts = diverged.groupby(["label", "target"]).size().rename("diverged").reset_index()
+        table = table.merge(counts, on=["label", "target"], how="outer")
+        table["diverged"] = table["diverged"].fillna(0).astype(int)
+        table["seeds"] = table["seeds"].fillna(0).astype(int)
+        from experiments.plotting import _order_key
+
+        table["_order"] = [_order_key(v)[0] for v in table["label"]]
+        table = table.sort_values(["_order", "label", "target"], kind="mergesort").drop(columns="_order")
     table.insert(1, "sparsity_pct", table.pop("target") * 100.0)
     return table.rename(columns={"label": "implementation"}).reset_index(drop=True)
 
@@ -177,7 +218,11 @@ def _latex(table: pd.DataFrame, caption: str) -> str:
             "Latency b256 (ms)": [_pm(m, s, 2) for m, s in zip(table["latency_b256_ms_mean"], table["latency_b256_ms_std"])],
         }
     )
-    return shown.to_latex(index=False, escape=False, column_format="llrrrr", caption=caption, label="tab:main", position="t")
+    fmt = "llrrrr"
+    if "diverged" in table:
+        shown["Diverged"] = [str(int(v)) for v in table["diverged"]]
+        fmt += "r"
+    return shown.to_latex(index=False, escape=False, column_format=fmt, caption=caption, label="tab:main", position="t")
 
 
 def render(fig: Figure, fmt: str) -> bytes:
@@ -209,6 +254,7 @@ def draw_figures(
     out: str | Path | None = None,
     results_root: str | Path = "results",
     curve_sparsity: float | None = None,
+    skipped: list[str] | None = None,
 ) -> list[Path]:
     """Draw every figure and the main table of ``sweep`` into ``out``.
 
@@ -218,6 +264,9 @@ def draw_figures(
         results_root: The results root.
         curve_sparsity: Target sparsity of the accuracy-curve figure; default
             0.9 if the sweep has it, else its highest.
+        skipped: If given, one line is appended per figure that the tables
+            cannot support (e.g. no dense ``step_time_ms``), which is then left
+            out instead of failing the whole draw.
 
     Returns:
         The written files, sorted.
@@ -228,7 +277,7 @@ def draw_figures(
     """
     from experiments import plotting
 
-    runs, curves = load_sweep(sweep, results_root)
+    runs, curves, diverged_all = load_sweep_with_diverged(sweep, results_root)
     out_dir = Path(out) if out is not None else Path(results_root) / sweep / "figures"
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"out {str(out_dir)!r} exists and is not a directory")
@@ -236,7 +285,14 @@ def draw_figures(
 
     files: dict[str, bytes] = {}
 
-    def add(name: str, fig: Figure) -> None:
+    def add(name: str, draw: Callable[[], Figure]) -> None:
+        try:
+            fig = draw()
+        except ValueError as e:
+            if skipped is None:
+                raise
+            skipped.append(f"{name}: {e}")
+            return
         for fmt in ("png", "pdf"):
             files[f"{name}.{fmt}"] = render(fig, fmt)
 
@@ -245,20 +301,26 @@ def draw_figures(
         sub = runs[(runs["dataset"] == dataset) & (runs["model"] == model)].reset_index(drop=True)
         sfx = f"_{dataset}_{model}" if len(pairs) > 1 else ""
         s = _choose_curve_sparsity(sub, curve_sparsity)
-        add(f"accuracy_vs_sparsity{sfx}", plotting.plot_accuracy_vs_sparsity(sub))
-        add(f"step_time_vs_sparsity{sfx}", plotting.plot_step_time_vs_sparsity(sub))
-        add(f"latency_vs_sparsity{sfx}", plotting.plot_latency_vs_sparsity(sub))
-        add(f"accuracy_vs_flops{sfx}", plotting.plot_accuracy_vs_flops(sub))
-        add(f"accuracy_curves{sfx}", plotting.plot_accuracy_curves(sub, curves, s))
+        div = None
+        if not diverged_all.empty:
+            div = diverged_all[(diverged_all["dataset"] == dataset) & (diverged_all["model"] == model)]
+        add(f"accuracy_vs_sparsity{sfx}", lambda: plotting.plot_accuracy_vs_sparsity(sub, diverged=div))
+        add(f"step_time_vs_sparsity{sfx}", lambda: plotting.plot_step_time_vs_sparsity(sub))
+        add(f"latency_vs_sparsity{sfx}", lambda: plotting.plot_latency_vs_sparsity(sub))
+        add(f"accuracy_vs_flops{sfx}", lambda: plotting.plot_accuracy_vs_flops(sub))
+        add(f"accuracy_curves{sfx}", lambda: plotting.plot_accuracy_curves(sub, curves, s))
         caption = (
             f"{model} on {dataset} (sweep {sweep}): test accuracy and speed, mean $\\pm$ std over seeds. "
             "Step time is the median training step relative to the mean dense step."
         ).replace("_", r"\_")
-        files[f"main_table{sfx}.tex"] = _latex(main_table(sub), caption).encode()
+        files[f"main_table{sfx}.tex"] = _latex(main_table(sub, div), caption).encode()
     if bench is not None:
         speed = plotting.layer_speedups(bench)
         for n_in, n_out, mode in speed[["n_in", "n_out", "mode"]].drop_duplicates().values.tolist():
-            add(f"layer_speedup_{n_in}x{n_out}_{mode}", plotting.plot_layer_speedup(speed, n_in, n_out, mode))
+            add(
+                f"layer_speedup_{n_in}x{n_out}_{mode}",
+                lambda n_in=n_in, n_out=n_out, mode=mode: plotting.plot_layer_speedup(speed, n_in, n_out, mode),
+            )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -290,14 +352,17 @@ def main(argv: list[str] | None = None) -> int:
         argv: Arguments after ``figures`` (default ``sys.argv[1:]``).
     """
     args = _parser().parse_args(argv)
+    skipped: list[str] = []
     try:
-        written = draw_figures(args.sweep, args.out, args.results_root, args.curve_sparsity)
+        written = draw_figures(args.sweep, args.out, args.results_root, args.curve_sparsity, skipped=skipped)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {len(written)} files to {written[0].parent}")
     for path in written:
         print(f"  {path.name}")
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
     return 0
 
 

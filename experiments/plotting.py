@@ -376,15 +376,19 @@ def _sparse_labels(agg: pd.DataFrame) -> list[str]:
     return [lab for lab in _ordered(agg["label"]) if lab != "dense"]
 
 
-def plot_accuracy_vs_sparsity(runs: pd.DataFrame, ax: Axes | None = None) -> Figure:
+def plot_accuracy_vs_sparsity(runs: pd.DataFrame, ax: Axes | None = None, diverged: pd.DataFrame | None = None) -> Figure:
     """Figure 1: test accuracy vs target sparsity, one line per implementation.
 
     Lines are the mean over seeds with a ±1 std band; dense is a horizontal
-    line with its ±1 std band.
+    line with its ±1 std band. Runs that diverged (loss NaN or infinite) are
+    not in the means; each (implementation, sparsity) with one is marked by an
+    ``x`` on the bottom edge, in the implementation's colour.
 
     Args:
         runs: Output of :func:`tidy_runs` for one (dataset, model).
         ax: Draw into this axes instead of a new figure.
+        diverged: Diverged runs of the same (dataset, model), with ``label``
+            and ``target`` as :func:`tidy_runs` gives them (optional).
     """
     _single_pair(runs)
     with use_style():
@@ -396,6 +400,13 @@ def plot_accuracy_vs_sparsity(runs: pd.DataFrame, ax: Axes | None = None) -> Fig
         for lab in _sparse_labels(agg):
             g = agg[agg["label"] == lab]
             _line_with_band(ax, g["target"].to_numpy(), g["mean"].to_numpy() * _PCT, g["std"].to_numpy() * _PCT, lab)
+        if diverged is not None and not diverged.empty:
+            cells = diverged.groupby(["label", "target"], sort=True).size().reset_index(name="n")
+            for lab, g in cells.groupby("label", sort=True):
+                style = style_for(lab)
+                ax.plot(g["target"], np.zeros(len(g)), transform=ax.get_xaxis_transform(), linestyle="none",
+                        marker="x", color=style.get("color"), clip_on=False,
+                        label=f"{lab}: diverged ({int(g['n'].sum())})")
         sparsity_axis(ax, agg["target"])
         ax.set_ylabel(_ACC_LABEL)
         ax.legend(loc="lower left")

@@ -62,7 +62,9 @@ def _watch_parent(ppid: int) -> None:
             os._exit(3)
 
 
-def init_process(kind: str, threads: int, launched_at: float | None = None, watch_parent: bool = False) -> None:
+def init_process(
+    kind: str, threads: int, launched_at: float | None = None, watch_parent: bool = False, stderr_path: str | None = None
+) -> None:
     """Prepare a worker process: Keras flavour, thread counts, imports (paid once).
 
     Args:
@@ -71,9 +73,17 @@ def init_process(kind: str, threads: int, launched_at: float | None = None, watc
         launched_at: ``time.time()`` when the process was requested; the start-up
             cost (spawn + imports) is charged to the process's first run.
         watch_parent: Exit when the parent process dies.
+        stderr_path: Append this process's standard error (file descriptor 2:
+            TensorFlow's C++ start-up lines, warnings) to this file instead of
+            the console, so the runner's console shows the progress bar and the
+            summary only. Errors of a run are in its ``log.txt`` either way.
     """
     if _STATE["kind"] is not None:
         return
+    if stderr_path is not None:
+        fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)

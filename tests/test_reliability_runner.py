@@ -67,6 +67,8 @@ def test_two_runs_at_once_leave_one_row_per_run_and_a_closed_stdout_is_harmless(
     winner = procs[[p.returncode for p in procs].index(0)]
     assert f"is in use by pid {winner.pid} on host" in loser and "python -m experiments run" in loser
     assert "Traceback" not in "".join(outs) and "BrokenPipe" not in "".join(outs)
+    assert "absl::InitializeLog" not in "".join(outs) and "cudart_stub" not in "".join(outs)  # the quiet console
+    assert (results / "twice" / "workers.log").exists()  # where TensorFlow's C++ lines go
     root = results / "twice"
     rows = read_csv(root / "runs.csv")
     assert [r["implementation"] for r in rows] == ["masked"] and rows[0]["status"] == "ok"
