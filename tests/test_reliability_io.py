@@ -32,3 +32,30 @@ def test_non_utf8_bytes_name_path_line_and_byte(tmp_path):
     gz.write_bytes(gzip.compress(path.read_bytes()))
     with pytest.raises(ValueError, match=r"vectors\.txt\.gz: line 4: not UTF-8"):
         load_glove(gz)
+
+
+@pytest.mark.slow
+def test_keras_file_needs_prune_imported_first(tmp_path):
+    """Keras 3 imports a custom class's ``module`` itself only for keras/keras_hub/keras_cv/keras_nlp
+    (``serialization_lib._retrieve_class_or_fn``), so a process must import prune before loading; the
+    README says so. This canary fails when Keras starts importing such modules (then drop the advice)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import prune
+    from tests.helpers import mlp
+
+    path = tmp_path / "pruned.keras"
+    prune.prune_low_magnitude(mlp(), prune.ConstantSparsity(0.5, begin_step=0)).save(path)
+    script = (
+        "import keras, sys\n"
+        "try:\n    keras.saving.load_model(sys.argv[1])\nexcept TypeError as e:\n    print('refused:', repr(str(e)))\n"
+        "import prune\nkeras.saving.load_model(sys.argv[1])\nprint('loaded after import prune')\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", script, str(path)], cwd=repo, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    refused, loaded = out.stdout.strip().splitlines()[-2:]
+    assert refused.startswith("refused:") and "'module': 'prune.layers" in refused  # names the module to import
+    assert loaded == "loaded after import prune"
