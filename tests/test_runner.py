@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 HAS_CONVERT = importlib.util.find_spec("prune.convert") is not None
 
@@ -50,6 +52,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9(tmp_path):
     config = sweep_file(tmp_path, "resume", '["dense", "masked"]', "[0.3, 0.5, 0.7, 0.9]", epochs=3)
     results = tmp_path / "results"
@@ -110,6 +113,7 @@ def test_resume_after_kill_9(tmp_path):
     assert (root / "runs.csv").read_bytes() == table
 
 
+@pytest.mark.slow
 def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     keras_home = tmp_path / "keras"
     (keras_home / "datasets").mkdir(parents=True)
@@ -136,6 +140,7 @@ def _runs_and_curves(root: Path) -> tuple[dict, list]:
     return rows, curves
 
 
+@pytest.mark.slow
 def test_same_config_twice_gives_identical_accuracy(tmp_path):
     # sparse_tensor joins when prune.convert exists (it landed beside this runner).
     impls = '["masked", {name = "sparse_tensor", matmul = "csr"}, "tfmot"]' if HAS_CONVERT else '["masked", "tfmot"]'

@@ -15,6 +15,7 @@ distributed = pytest.importorskip("distributed")
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_sweep_on_a_local_dask_cluster(tmp_path):
     config = tmp_path / "dask.toml"
     config.write_text(
