@@ -84,7 +84,7 @@ class UpdatePruningStep(keras.callbacks.Callback):
         built = [layer for layer in self._layers if layer.built]
         self._step = int(built[0].pruning_step.numpy()) if built else 0
         self._fit_start = self._step
-        self._epoch_start: int | None = None
+        self._epoch_start = None
         self._check_execution_boundaries()
 
     def _steps_per_execution(self) -> int:
