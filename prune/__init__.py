@@ -39,6 +39,7 @@ from prune.patterns import Block, Channel, NByM, Unstructured
 from prune.pruning import compute_gradients, get_step, prunable_layers, update_masks
 from prune.registry import register_prunable
 from prune.report import sparsity_report
+from prune.shrink import shrink, shrink_report
 from prune.schedules import (
     ConstantSparsity,
     OneShot,
@@ -85,6 +86,8 @@ __all__ = [
     "register_criterion",
     "register_prunable",
     "register_schedule",
+    "shrink",
+    "shrink_report",
     "sparsity_report",
     "strip_pruning",
     "unsupported_layers",
