@@ -142,10 +142,12 @@ def prunable_entries(model: Any) -> list[PruningEntry]:
         if getattr(layer, "pruning_schedule", None) is None:
             continue
         out.extend(fn())
-    keys = [e.key for e in out]
-    dup = sorted({k for k in keys if keys.count(k) > 1})
-    if dup:
-        raise ValueError(f"prunable weights must have unique layer names; duplicated keys: {dup}")
+    # Layers of nested models may share a name: the second "a/kernel" becomes "a/kernel#2" (traversal order).
+    seen: dict[str, int] = {}
+    for e in out:
+        seen[e.key] = seen.get(e.key, 0) + 1
+        if seen[e.key] > 1:
+            e.key = f"{e.key}#{seen[e.key]}"
     return out
 
 

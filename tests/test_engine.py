@@ -130,8 +130,16 @@ class _ScaleSubclass(_Scale, prune.PrunableLayer):
     """The same, subclassing prune.PrunableLayer as tfmot's guide subclasses tfmot's."""
 
 
-@pytest.mark.parametrize("cls", [_Scale, _ScaleSubclass])
-def test_custom_layer_with_get_prunable_weights(cls, optimizer_factory):
+def test_custom_layer_with_get_prunable_weights(optimizer_factory):
+    _check_custom_layer(_Scale, optimizer_factory)
+
+
+def test_custom_layer_subclassing_prunable_layer():
+    _check_custom_layer(_ScaleSubclass, lambda: keras.optimizers.SGD(0.05, momentum=0.9))
+    assert not prune.is_pruned(keras.Sequential([keras.Input((6,)), _ScaleSubclass()]))
+
+
+def _check_custom_layer(cls, optimizer_factory):
     x, y = mlp_data(32, inputs=6)
     original = keras.Sequential([keras.Input((6,)), cls(name="custom"), keras.layers.Dense(3, name="out")])
     before = original.layers[0].w.numpy().copy()

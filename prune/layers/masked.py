@@ -113,6 +113,8 @@ class PrunableLayer:
     # -- state -----------------------------------------------------------
     def build(self, input_shape: Any = None) -> None:
         super().build(input_shape)
+        if not is_masked_layer(self):
+            return  # a custom layer using tfmot's contract: PruneLowMagnitude keeps its masks
         for name in self.prunable_weight_names:
             weight = self._weight(name)
             mask = self.add_weight(
@@ -156,6 +158,8 @@ class PrunableLayer:
 
     def pruning_entries(self) -> list[PruningEntry]:
         """One :class:`prune.pruning.PruningEntry` per prunable weight (the engine's protocol)."""
+        if not is_masked_layer(self):
+            return []
         out = []
         for name in self.prunable_weight_names:
             weight, mask_var = self.weight_and_mask(name)
@@ -441,9 +445,6 @@ class PruneLowMagnitude(PrunableLayer, keras.layers.Wrapper):
         for loss in scope.losses:
             self.add_loss(loss)
         return outputs
-
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return self.layer.compute_output_shape(input_shape)
 
     def strip(self) -> Any:
         """The wrapped layer, with its pruned entries set to +0.0."""
