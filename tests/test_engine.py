@@ -60,6 +60,27 @@ def test_masked_and_sparse_models_select_the_same_masks(scope, pattern):
         assert s_layer.nnz == int(expected[m_layer.name].sum())
 
 
+def test_masked_and_sparse_models_select_the_same_snip_masks():
+    schedule = prune.OneShot(0.5, 0)
+    masked = _masked_model("global", schedule, criterion="snip")
+    sparse = _sparse_model("global", schedule, criterion="snip")
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(8, 6)).astype("float32"), rng.normal(size=(8, 3)).astype("float32")
+    mse = keras.losses.MeanSquaredError()
+    g_masked = prune.compute_gradients(masked, x, y, loss=mse)
+    g_sparse = prune.compute_gradients(sparse, x, y, loss=mse)
+    for key in ("a/kernel", "b/kernel"):
+        np.testing.assert_allclose(g_sparse[key], g_masked[key], rtol=1e-5, atol=1e-7)
+    prune.update_masks(masked, 0, gradients=g_masked)
+    prune.update_masks(sparse, 0, gradients=g_masked)  # same gradients: the same selection, bit for bit
+    w1, w2 = _weights()
+    w64 = {"a": w1.astype(np.float64), "b": w2.astype(np.float64)}
+    expected = masks.global_masks({k: np.abs(w64[k] * g_masked[f"{k}/kernel"]) for k in w64}, 0.5)
+    for m_layer, s_layer in zip(masked.layers, sparse.layers):
+        np.testing.assert_array_equal(m_layer.get_masks()["kernel"], expected[m_layer.name])
+        np.testing.assert_array_equal(s_layer.get_mask(), expected[m_layer.name])
+
+
 def test_nan_weight_is_refused_before_any_change():
     model = _masked_model("layer", prune.OneShot(0.5, 0))
     w = model.layers[1].kernel.numpy()
