@@ -33,11 +33,13 @@ from prune.freezing import (
     freeze_entries,
     transform_slices,
 )
-from prune.layers.masked import PrunableLayer
-from prune.masks import criteria, register_criterion
-from prune.pruning import get_step, prunable_layers, update_masks
+from prune.scoring import ScoreContext, criteria, register_criterion
+from prune.layers.masked import PrunableLayer, PruneLowMagnitude
+from prune.patterns import Block, Channel, NByM, Unstructured
+from prune.pruning import compute_gradients, get_step, prunable_layers, update_masks
 from prune.registry import register_prunable
 from prune.report import sparsity_report
+from prune.shrink import shrink, shrink_report
 from prune.schedules import (
     ConstantSparsity,
     OneShot,
@@ -45,13 +47,19 @@ from prune.schedules import (
     PruningSchedule,
     register_schedule,
 )
-from prune.training import SparsePruningStep, UpdatePruningStep, apply_masked_gradients, mask_gradients
+from prune.training import UpdatePruningStep, apply_masked_gradients, mask_gradients
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Block",
+    "Channel",
     "ConversionWarning",
-    "SparsePruningStep",
+    "NByM",
+    "PruneLowMagnitude",
+    "ScoreContext",
+    "Unstructured",
+    "compute_gradients",
     "convert",
     "unconvertible_layers",
     "CapRowNorm",
@@ -78,6 +86,8 @@ __all__ = [
     "register_criterion",
     "register_prunable",
     "register_schedule",
+    "shrink",
+    "shrink_report",
     "sparsity_report",
     "strip_pruning",
     "unsupported_layers",

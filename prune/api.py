@@ -22,7 +22,8 @@ import numpy as np
 
 from prune._internals import has_sublayers, layer_tracker
 from prune import masks as _masks
-from prune.layers.masked import PrunableLayer
+from prune.layers.masked import PrunableLayer, PruneLowMagnitude, check_pruning_args, is_custom_prunable, is_masked_layer
+from prune.patterns import pattern_from_args
 from prune.pruning import iter_layers, prunable_layers
 from prune.registry import masked_class_for, unsupported
 from prune.schedules import ConstantSparsity, as_schedule
@@ -49,14 +50,17 @@ def _copy_built(old: Any, new: Any) -> Any:
 def _to_masked(layer: Any, params: dict[str, Any]) -> Any:
     cls = masked_class_for(layer)
     if cls is None:
-        return layer
+        # tfmot's contract: a custom layer with get_prunable_weights() is wrapped.
+        return PruneLowMagnitude.wrap(layer, params) if is_custom_prunable(layer) else layer
     config = layer.get_config()
     return _copy_built(layer, cls.from_config({**config, **params}))
 
 
 def _to_plain(layer: Any) -> Any:
-    if not isinstance(layer, PrunableLayer):
+    if not is_masked_layer(layer):
         return layer
+    if isinstance(layer, PruneLowMagnitude):
+        return layer.strip()
     plain = layer.base_class.from_config(layer.plain_config(layer.get_config()))
     if not layer.built:
         return plain
@@ -129,7 +133,10 @@ def prune_low_magnitude(
     criterion: str = "magnitude",
     scope: str = "layer",
     seed: int = 0,
+    pattern: Any = None,
     block_size: tuple[int, int] = (1, 1),
+    block_pooling_type: str = "AVG",
+    sparsity_m_by_n: tuple[int, int] | None = None,
 ) -> Any:
     """Give every prunable layer a mask and a schedule.
 
@@ -142,7 +149,14 @@ def prune_low_magnitude(
         criterion: ``"magnitude"`` (default) or ``"random"``, or a registered name.
         scope: ``"layer"`` (default, a threshold per weight) or ``"global"``.
         seed: Seed for the random criterion.
-        block_size: Only ``(1, 1)`` (unstructured) is supported.
+        pattern: A :mod:`prune.patterns` value: ``prune.Unstructured()``
+            (default), ``prune.Block((r, c), "AVG")``, ``prune.NByM(m, n)``,
+            ``prune.Channel()``. Or, as in tfmot:
+        block_size: ``(r, c)``: ``(1, 1)`` is unstructured, anything else is
+            ``Block(block_size, block_pooling_type)`` (2-D weights only).
+        block_pooling_type: ``"AVG"`` or ``"MAX"``, how a block's scores pool.
+        sparsity_m_by_n: ``(m, n)``: ``m`` zeros in every ``n`` consecutive
+            weights along the input dimension, i.e. ``NByM(m, n)``.
 
     Returns:
         The pruned layer or model. Unsupported layers stay dense; see
@@ -154,16 +168,16 @@ def prune_low_magnitude(
     schedule = as_schedule(ConstantSparsity(0.5, 0) if pruning_schedule is None else pruning_schedule)
     _masks.get_criterion(criterion)
     _masks.check_scope(scope)
-    if tuple(block_size) != (1, 1):
-        raise ValueError(f"block_size must be (1, 1); structured pruning is not supported yet, got {block_size!r}")
+    pattern = pattern_from_args(pattern, block_size, block_pooling_type, sparsity_m_by_n)
+    check_pruning_args(pattern, criterion, scope, seed)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if not isinstance(to_prune, keras.layers.Layer):
         raise ValueError(f"to_prune must be a Keras 3 layer or model, got {type(to_prune).__module__}.{type(to_prune).__name__}")
-    if isinstance(to_prune, PrunableLayer) or (isinstance(to_prune, keras.Model) and prunable_layers(to_prune)):
+    if is_masked_layer(to_prune) or (isinstance(to_prune, keras.Model) and prunable_layers(to_prune)):
         raise ValueError(f"to_prune {to_prune.name!r} is already pruned; strip_pruning it first")
-    params = {"pruning_schedule": schedule, "criterion": criterion, "scope": scope, "seed": int(seed)}
-    if not isinstance(to_prune, keras.Model) and masked_class_for(to_prune) is None:
+    params = {"pruning_schedule": schedule, "pattern": pattern, "criterion": criterion, "scope": scope, "seed": int(seed)}
+    if not isinstance(to_prune, keras.Model) and masked_class_for(to_prune) is None and not is_custom_prunable(to_prune):
         raise ValueError(
             f"to_prune is a {type(to_prune).__name__}, which is not prunable; register it with prune.register_prunable"
         )

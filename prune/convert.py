@@ -61,11 +61,8 @@ def _check_to(to: Any) -> str:
 
 
 def _pruning_params(layer: Any) -> dict[str, Any]:
-    # Carry schedule, criterion and seed between masked and sparse forms (scope: SparseDense supports 'layer' only).
-    params = {k: getattr(layer, k) for k in ("pruning_schedule", "criterion", "seed") if hasattr(layer, k)}
-    if getattr(layer, "scope", "layer") != "layer":
-        params.pop("pruning_schedule", None)
-    return params
+    # Carry schedule, pattern, criterion, scope and seed between masked and sparse forms (one engine drives both).
+    return {k: getattr(layer, k) for k in ("pruning_schedule", "pattern", "criterion", "scope", "seed") if hasattr(layer, k)}
 
 
 def _dense_kwargs(layer: Any) -> dict[str, Any]:

@@ -1,13 +1,16 @@
-"""Mask selection: score functions, exact top-k masks, per-layer and global scope.
+"""Mask selection: exact top-k masks, per-layer and global scope, mask validation.
 
 Everything here is NumPy on host arrays, separate from the Keras plumbing, so
-it can be tested exactly on tiny inputs.
+it can be tested exactly on tiny inputs. Criteria live in :mod:`prune.scoring`
+(re-exported here), patterns in :mod:`prune.patterns`, distributions across
+weights in :mod:`prune.distributions`.
 
-Rules, shared by every criterion and scope:
+Rules, shared by every criterion, pattern and scope:
 
-* A weight of ``n`` entries at sparsity ``s`` gets exactly ``round(s * n)``
-  zeros (round half to even, as ``numpy.round`` and ``tf.math.round`` do).
-  With global scope the total over all weights is exact.
+* A weight of ``n`` entries (units, for a pattern with larger units) at
+  sparsity ``s`` gets exactly ``round(s * n)`` zeros (round half to even, as
+  ``numpy.round`` and ``tf.math.round`` do). With global scope the total over
+  all weights is exact.
 * Ties break deterministically: among equal scores the entry with the lower
   flat index (lower weight first, under global scope) is pruned first.
 * Masks only shrink. Entries already pruned are ranked below every live entry,
@@ -17,14 +20,16 @@ Rules, shared by every criterion and scope:
 
 from __future__ import annotations
 
-import zlib
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
+from prune.scoring import Criterion, ScoreContext, criteria, get_criterion, register_criterion
+from prune.patterns import Pattern, Unstructured, prune_lowest
+
 __all__ = [
-    "magnitude_scores",
-    "random_scores",
+    "ScoreContext",
+    "Criterion",
     "register_criterion",
     "get_criterion",
     "criteria",
@@ -37,52 +42,9 @@ __all__ = [
     "validate_mask",
 ]
 
-ScoreFn = Callable[[np.ndarray, int, str], np.ndarray]
-"""``score(weight, seed, key) -> scores`` of the weight's shape; higher is kept."""
-
-SCOPES = ("layer", "global")
-
-
-def magnitude_scores(weight: np.ndarray, seed: int = 0, key: str = "") -> np.ndarray:
-    """Score = ``|w|``.
-
-    Reference: Han et al., "Learning both Weights and Connections for Efficient
-    Neural Networks", NeurIPS 2015.
-    """
-    return np.abs(np.asarray(weight, dtype=np.float64))
-
-
-def random_scores(weight: np.ndarray, seed: int = 0, key: str = "") -> np.ndarray:
-    """Seeded uniform scores, fixed per ``(seed, key)``.
-
-    The same weight gets the same scores at every update, so a gradual random
-    schedule prunes a growing prefix of one random order, and results
-    reproduce from the seed alone.
-    """
-    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(key.encode())])
-    return rng.random(np.shape(weight))
-
-
-_CRITERIA: dict[str, ScoreFn] = {"magnitude": magnitude_scores, "random": random_scores}
-
-
-def register_criterion(name: str, fn: ScoreFn) -> None:
-    """Register a score function under ``name`` (higher scores are kept)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"criterion name must be a non-empty string, got {name!r}")
-    _CRITERIA[name] = fn
-
-
-def criteria() -> list[str]:
-    """Names of the registered criteria."""
-    return sorted(_CRITERIA)
-
-
-def get_criterion(name: str) -> ScoreFn:
-    """Look up a criterion; an unknown name lists the valid ones."""
-    if name not in _CRITERIA:
-        raise ValueError(f"unknown criterion {name!r}; valid criteria: {criteria()}")
-    return _CRITERIA[name]
+SCOPES = ("layer", "global", "erk")
+"""``"layer"``: each weight at the scheduled sparsity; ``"global"``: one threshold
+over the group; ``"erk"``: Erdős–Rényi-Kernel sparsities (:mod:`prune.distributions`)."""
 
 
 def check_scope(scope: str) -> str:
@@ -99,16 +61,6 @@ def num_zeros(sparsity: float, n: int) -> int:
     return int(np.round(sparsity * n))
 
 
-def _prune_lowest(flat_scores: np.ndarray, flat_prev: np.ndarray, k: int) -> np.ndarray:
-    """Boolean keep-vector with the ``k`` lowest-ranked entries off (``k >= already pruned``)."""
-    ranked = np.where(flat_prev, flat_scores, -np.inf)
-    # Stable sort: among equal scores, the lower index comes first (is pruned first).
-    order = np.argsort(ranked, kind="stable")
-    keep = np.ones(flat_scores.shape[0], dtype=bool)
-    keep[order[:k]] = False
-    return keep
-
-
 def topk_mask(scores: np.ndarray, sparsity: float, previous: np.ndarray | None = None) -> np.ndarray:
     """Binary mask with exactly ``round(sparsity * n)`` zeros at the lowest scores.
 
@@ -120,12 +72,7 @@ def topk_mask(scores: np.ndarray, sparsity: float, previous: np.ndarray | None =
     Returns:
         A bool array of ``scores``' shape (True = kept).
     """
-    scores = np.asarray(scores)
-    prev = np.ones(scores.shape, bool) if previous is None else np.asarray(previous).astype(bool)
-    k = num_zeros(sparsity, scores.size)
-    if k <= int((~prev).sum()):
-        return prev.copy()
-    return _prune_lowest(scores.reshape(-1), prev.reshape(-1), k).reshape(scores.shape)
+    return Unstructured().select(scores, sparsity, previous)
 
 
 def layer_masks(
@@ -137,33 +84,47 @@ def layer_masks(
 
 
 def global_masks(
-    scores: Mapping[str, np.ndarray], sparsity: float, previous: Mapping[str, np.ndarray] | None = None
+    scores: Mapping[str, np.ndarray],
+    sparsity: float,
+    previous: Mapping[str, np.ndarray] | None = None,
+    pattern: Pattern | None = None,
 ) -> dict[str, np.ndarray]:
-    """Global scope: one threshold over all weights, exact in total.
+    """Global scope: one threshold over all weights' units, exact in total.
 
     Scores are compared across weights as they are, so a criterion used
     globally should be comparable across layers (magnitude is the usual one;
     Blalock et al. 2020 compare the two scopes).
+
+    Args:
+        scores: Scores by weight key; higher is kept.
+        sparsity: Target fraction of pruned units over all weights, in [0, 1).
+        previous: Current masks by key; their zeros stay zeros.
+        pattern: A pattern with units (default unstructured); ``NByM`` has none.
     """
+    pattern = Unstructured() if pattern is None else pattern
+    if not pattern.has_units:
+        raise ValueError(f"pattern {pattern!r} fixes each group's sparsity and cannot be used with scope='global'")
     previous = previous or {}
     names = list(scores)
     if not names:
         return {}
-    shapes = [np.shape(scores[n]) for n in names]
-    flat = np.concatenate([np.asarray(scores[n], np.float64).reshape(-1) for n in names])
-    prev = np.concatenate(
-        [
-            (np.asarray(previous[n]).astype(bool) if n in previous else np.ones(shapes[i], bool)).reshape(-1)
-            for i, n in enumerate(names)
-        ]
-    )
+    shapes, unit_scores, alive = [], [], []
+    for n in names:
+        s = np.asarray(scores[n], np.float64)
+        prev = np.asarray(previous[n]).astype(bool) if n in previous else np.ones(s.shape, bool)
+        pattern.check(s.shape, n)
+        u, a = pattern.units(s, prev)
+        shapes.append(s.shape)
+        unit_scores.append(u)
+        alive.append(a)
+    flat, live = np.concatenate(unit_scores), np.concatenate(alive)
     k = num_zeros(sparsity, flat.size)
-    keep = prev.copy() if k <= int((~prev).sum()) else _prune_lowest(flat, prev, k)
+    keep = live.copy() if k <= int((~live).sum()) else prune_lowest(flat, live, k)
     out, start = {}, 0
-    for n, shape in zip(names, shapes):
-        size = int(np.prod(shape, dtype=np.int64))
-        out[n] = keep[start : start + size].reshape(shape)
-        start += size
+    for n, shape, u in zip(names, shapes, unit_scores):
+        prev = np.asarray(previous[n]).astype(bool) if n in previous else np.ones(shape, bool)
+        out[n] = pattern.expand(keep[start : start + u.size], shape) & prev
+        start += u.size
     return out
 
 

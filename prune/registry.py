@@ -12,7 +12,15 @@ from typing import Any
 
 import keras
 
-from prune.layers.masked import MaskedConv1D, MaskedConv2D, MaskedDense, MaskedEmbedding, PrunableLayer
+from prune.layers.masked import (
+    MaskedConv1D,
+    MaskedConv2D,
+    MaskedDense,
+    MaskedEmbedding,
+    PrunableLayer,
+    is_custom_prunable,
+    is_masked_layer,
+)
 
 __all__ = ["register_prunable", "masked_class_for", "prunable_classes", "unsupported"]
 
@@ -57,7 +65,7 @@ def _has_prunable(layer: Any) -> bool:
     stack = [layer]
     while stack:
         current = stack.pop()
-        if isinstance(current, PrunableLayer) or masked_class_for(current) is not None:
+        if is_masked_layer(current) or masked_class_for(current) is not None or is_custom_prunable(current):
             return True
         stack.extend(_children(current))
     return False
@@ -79,8 +87,8 @@ def unsupported(model: Any) -> list[tuple[Any, list[Any]]]:
         if id(layer) in seen:
             continue
         seen.add(id(layer))
-        if isinstance(layer, PrunableLayer) or masked_class_for(layer) is not None:
-            continue
+        if is_masked_layer(layer) or masked_class_for(layer) is not None or is_custom_prunable(layer):
+            continue  # masked, or prunable (a registered class, or tfmot's get_prunable_weights())
         if getattr(type(layer), "keeps_pruning_step", False):
             continue  # carries its own sparsity (SparseDense)
         if isinstance(layer, keras.Model) or _has_prunable(layer):

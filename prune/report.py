@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prune.layers.masked import PrunableLayer
+from prune.layers.masked import is_masked_layer
 from prune.pruning import iter_layers
 from prune.registry import unsupported
 
@@ -59,7 +59,7 @@ def sparsity_report(model: Any) -> pd.DataFrame:
     units = [
         (layer, [(n, layer.weight_and_mask(n)[0]) for n in layer.prunable_weight_names], "pruned")
         for layer in iter_layers(model)
-        if isinstance(layer, PrunableLayer) and layer.built
+        if is_masked_layer(layer) and layer.built
     ]
     units += [(layer, [(w.name, w) for w in weights], "dense (unsupported)") for layer, weights in unsupported(model)]
     rows = [_sparse_row(layer) for layer in iter_layers(model) if hasattr(layer, "sparse_weight") and layer.built]

@@ -32,18 +32,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from prune.layers.sparse import update_sparse_masks
-from prune.pruning import prunable_layers, stepped_layers, update_masks
+from prune.scoring import get_criterion
+from prune.pruning import compute_gradients, prunable_entries, prunable_layers, stepped_layers, update_masks
 
-__all__ = ["UpdatePruningStep", "SparsePruningStep", "apply_masked_gradients", "mask_gradients"]
+__all__ = ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"]
 
 
 class UpdatePruningStep(keras.callbacks.Callback):
     """Advance the pruning step and update masks when the schedule says so.
 
-    Drives masked layers (:func:`prune.update_masks`) and ``SparseDense``
-    layers (:func:`prune.layers.sparse.update_sparse_masks`, which shrink their
-    values, indices and optimizer slots) alike; when a sparse layer had to
+    Drives every prunable layer through the one engine, :func:`prune.update_masks`
+    (masked layers write masks, weights and slots; ``SparseDense`` layers shrink
+    their values, indices and optimizer slots); when a sparse layer had to
     replace optimizer state, the compiled train function is rebuilt.
 
     The step counter lives in each masked layer's ``pruning_step`` variable,
@@ -63,11 +63,19 @@ class UpdatePruningStep(keras.callbacks.Callback):
 
     Args:
         optimizer: Optimizer whose slots to reset; defaults to ``model.optimizer``.
+        gradient_data: ``(x, y)``, or a callable returning one, on which
+            gradients are computed (:func:`prune.compute_gradients`) whenever a
+            schedule fires for a criterion that needs them (SNIP, Taylor,
+            movement). Required for those criteria.
+        loss: ``loss(y_true, y_pred)`` for those gradients; default the model's
+            compiled loss.
     """
 
-    def __init__(self, optimizer: Any = None) -> None:
+    def __init__(self, optimizer: Any = None, gradient_data: Any = None, loss: Any = None) -> None:
         super().__init__()
         self._optimizer = optimizer
+        self._gradient_data = gradient_data
+        self._loss = loss
         self._step = 0
         self._pending: int | None = None
         self._layers: list[Any] = []
@@ -129,10 +137,18 @@ class UpdatePruningStep(keras.callbacks.Callback):
                     )
 
     def _update(self, step: int) -> None:
-        optimizer = self._optim()
-        update_masks(self.model, step, optimizer)
-        _, retrace = update_sparse_masks(self.model, step, optimizer)
-        if retrace and getattr(self.model, "train_function", None) is not None:
+        gradients = None
+        entries = prunable_entries(self.model)
+        if any("gradient" in get_criterion(e.criterion).needs for e in entries):
+            firing = any(e.schedule.should_update(step) for e in entries)
+            if firing:
+                if self._gradient_data is None:
+                    names = sorted({e.criterion for e in entries if "gradient" in get_criterion(e.criterion).needs})
+                    raise ValueError(f"criteria {names} need gradients: pass gradient_data=(x, y) to UpdatePruningStep")
+                data = self._gradient_data() if callable(self._gradient_data) else self._gradient_data
+                gradients = compute_gradients(self.model, data[0], data[1], loss=self._loss)
+        result = update_masks(self.model, step, self._optim(), gradients=gradients)
+        if result.retrace and getattr(self.model, "train_function", None) is not None:
             self.model.make_train_function(force=True)
 
     def _optim(self) -> Any:
@@ -173,10 +189,6 @@ class UpdatePruningStep(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         # A lazily built model whose fit was a single step still gets its step-0 update.
         self._apply_pending()
-
-
-SparsePruningStep = UpdatePruningStep
-"""Former name of the callback for models with ``SparseDense`` layers; the same class."""
 
 
 def mask_gradients(grads_and_vars: Iterable[tuple[Any, Any]], model: Any) -> list[tuple[Any, Any]]:

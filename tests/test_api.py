@@ -123,10 +123,15 @@ def test_layer_level_wrapping_for_subclassed_models():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(criterion="taylor"), r"unknown criterion 'taylor'"),
+        (dict(criterion="l3"), r"unknown criterion 'l3'"),
         (dict(scope="network"), r"unknown scope 'network'"),
         (dict(pruning_schedule=3), r"pruning_schedule must be a schedule"),
-        (dict(block_size=(2, 2)), r"block_size must be \(1, 1\)"),
+        (dict(block_size=(2, 0)), r"block_size must be two positive integers \(r, c\), got \(2, 0\)"),
+        (dict(block_pooling_type="MIN"), r"block_pooling_type must be 'AVG' or 'MAX', got 'MIN'"),
+        (dict(sparsity_m_by_n=(4, 4)), r"sparsity_m_by_n=\(m, n\) needs 0 <= m < n, got \(4, 4\)"),
+        (dict(sparsity_m_by_n=(2, 4), block_size=(2, 2)), r"sparsity_m_by_n=\(2, 4\) cannot be combined with block_size"),
+        (dict(pattern=prune.Channel(), block_size=(2, 2)), r"give the pattern once"),
+        (dict(pattern=prune.NByM(2, 4), scope="global"), r"needs scope='layer', got scope='global'"),
         (dict(seed=1.5), r"seed must be an integer, got 1.5"),
     ],
 )

@@ -1,5 +1,5 @@
 """Pruned weights stay bitwise +0.0 under every optimizer, in fit and in custom loops,
-including when pruning starts after optimizer state exists."""
+including when pruning starts after optimizer state exists, for every pattern."""
 
 import keras
 import numpy as np
@@ -13,6 +13,46 @@ from tests.helpers import mixed_data, mixed_model
 # Pruning starts at step 4, after four unpruned steps have built momentum/moments.
 SCHEDULE = prune.PolynomialDecay(0.0, 0.75, begin_step=4, end_step=12, frequency=2)
 STEPS = 16
+
+# Every pattern in one model, so each run covers them all: "unstructured" is the
+# plain case, "structured" gives each layer of the mixed model another pattern.
+PATTERNS = {
+    "unstructured": {},
+    "structured": {
+        "emb": prune.NByM(2, 4),
+        "conv": prune.Channel(),
+        "hidden": prune.Block((2, 2), "AVG"),
+        "out": prune.Block((2, 1), "MAX"),
+    },
+}
+
+
+@pytest.fixture(params=sorted(PATTERNS))
+def patterns(request):
+    return PATTERNS[request.param]
+
+
+def _pruned_model(patterns):
+    def clone(layer):
+        if isinstance(layer, keras.layers.InputLayer) or not layer.weights:
+            return layer.__class__.from_config(layer.get_config())
+        return prune.prune_low_magnitude(layer, SCHEDULE, pattern=patterns.get(layer.name))
+
+    return keras.models.clone_model(mixed_model(), clone_function=clone)
+
+
+def _check_final_counts(model):
+    """Each weight ends with exactly round(0.75 * units) dead units (NByM: m of every n)."""
+    for layer in prune.prunable_layers(model):
+        mask = layer.get_masks()[layer.prunable_weight_names[0]]
+        pattern = layer.pattern
+        if isinstance(pattern, prune.NByM):
+            assert (~mask).sum() == mask.size * pattern.m // pattern.n, layer.name
+            np.testing.assert_array_equal(pattern.select(mask.astype(float), previous=mask), mask)
+        else:
+            _, alive = pattern.units(np.zeros(mask.shape), mask)
+            assert (~alive).sum() == int(np.round(0.75 * alive.size)), layer.name
+            np.testing.assert_array_equal(pattern.expand(alive, mask.shape), mask)  # whole units only
 
 
 def _check_exact_zero(model, optimizer):
@@ -39,26 +79,24 @@ class _Check(keras.callbacks.Callback):
         self.pruned_counts.append(_check_exact_zero(self.model, self.model.optimizer))
 
 
-def test_fit_keeps_pruned_weights_exactly_zero(optimizer_factory):
-    model = prune.prune_low_magnitude(mixed_model(), SCHEDULE)
+def test_fit_keeps_pruned_weights_exactly_zero(optimizer_factory, patterns):
+    model = _pruned_model(patterns)
     x, y = mixed_data(STEPS * 4)
     model.compile(optimizer_factory(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     check = _Check()
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[prune.UpdatePruningStep(), check])
     assert check.pruned_counts[:4] == [0, 0, 0, 0]  # unpruned steps first
     assert check.pruned_counts[-1] > 0
+    _check_final_counts(model)
     report = prune.sparsity_report(model)
-    # The final masks hold exactly round(0.75 * n) zeros per weight.
-    for _, row in report.iterrows():
-        assert row["size"] - row["nnz"] >= int(np.round(0.75 * row["size"]))
-    for layer in prune.prunable_layers(model):
-        for mask in layer.get_masks().values():
-            assert (~mask).sum() == int(np.round(0.75 * mask.size))
+    for layer in prune.prunable_layers(model):  # the stored weight has at least the mask's zeros
+        row = report[report["layer"] == layer.name].iloc[0]
+        assert row["size"] - row["nnz"] >= (~layer.get_masks()[row["weight"]]).sum()
     assert prune.get_step(model) == STEPS
 
 
-def test_custom_loop_keeps_pruned_weights_exactly_zero(optimizer_factory):
-    model = prune.prune_low_magnitude(mixed_model(), SCHEDULE)
+def test_custom_loop_keeps_pruned_weights_exactly_zero(optimizer_factory, patterns):
+    model = _pruned_model(patterns)
     optimizer = optimizer_factory()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = mixed_data(STEPS * 4)
@@ -82,6 +120,7 @@ def test_custom_loop_keeps_pruned_weights_exactly_zero(optimizer_factory):
         step.on_train_batch_end(i)
         counts.append(_check_exact_zero(model, optimizer))
     assert counts[:4] == [0, 0, 0, 0] and counts[-1] > 0
+    _check_final_counts(model)
 
 
 def test_unmasked_gradient_would_move_pruned_weights():

@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 
-from prune import masks
+from prune import masks, scoring
+from prune.scoring import ScoreContext
 
 
 def test_magnitude_keeps_exactly_the_largest():
     w = np.array([0.1, 0.9, -0.2, 0.5])
-    keep = masks.topk_mask(masks.magnitude_scores(w), 0.5)
+    keep = masks.topk_mask(scoring.magnitude(ScoreContext(w)), 0.5)
     np.testing.assert_array_equal(keep, [False, True, False, True])
 
 
@@ -64,10 +65,10 @@ def test_per_layer_scope():
 
 def test_random_criterion_is_seeded():
     w = np.zeros((4, 5))
-    a = masks.random_scores(w, seed=1, key="dense/kernel")
-    b = masks.random_scores(w, seed=1, key="dense/kernel")
-    c = masks.random_scores(w, seed=2, key="dense/kernel")
-    d = masks.random_scores(w, seed=1, key="dense_1/kernel")
+    a = scoring.random(ScoreContext(w, seed=1, key="dense/kernel"))
+    b = scoring.random(ScoreContext(w, seed=1, key="dense/kernel"))
+    c = scoring.random(ScoreContext(w, seed=2, key="dense/kernel"))
+    d = scoring.random(ScoreContext(w, seed=1, key="dense_1/kernel"))
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c) and not np.array_equal(a, d)
 

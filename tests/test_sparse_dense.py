@@ -7,7 +7,7 @@ import keras
 
 import prune
 from prune.layers.masked import MaskedDense
-from prune.layers.sparse import SparseDense, SparsePruningStep, update_sparse_masks
+from prune.layers.sparse import SparseDense
 from prune.optimizer_state import slots_for
 
 SPARSITIES = [0.0, 0.5, 0.9, 0.999]
@@ -91,7 +91,7 @@ def test_random_structure_has_exact_sparsity():
         (lambda: SparseDense(4, matmul="cusparse"), r"matmul must be one of .* got 'cusparse'"),
         (lambda: SparseDense.from_dense(np.ones((2, 2)), np.ones((2, 3))), r"mask must have shape \(2, 2\)"),
         (lambda: SparseDense.from_dense(np.ones((2, 2)), [[0, 2], [1, 1]]), r"mask"),
-        (lambda: SparseDense(4, scope="global"), r"scope must be 'layer'.*'global'"),
+        (lambda: SparseDense(4, scope="global", pattern=prune.NByM(2, 4)), r"needs scope='layer', got scope='global'"),
         (lambda: SparseDense(0), r"units must be a positive integer, got 0"),
     ],
 )
@@ -191,7 +191,7 @@ def test_trajectory_matches_masked_dense_under_schedule(optimizer):
     masked.compile(OPTIMIZERS[optimizer](), "mse")
     sparse.compile(OPTIMIZERS[optimizer](), "mse")
     loss_masked = _fit_steps(masked, x, y, 100, [prune.UpdatePruningStep()])
-    loss_sparse = _fit_steps(sparse, x, y, 100, [SparsePruningStep()])
+    loss_sparse = _fit_steps(sparse, x, y, 100, [prune.UpdatePruningStep()])
 
     np.testing.assert_allclose(loss_sparse, loss_masked, rtol=1e-4)
     assert loss_masked[-1] < loss_masked[0]  # it trained
@@ -203,12 +203,13 @@ def test_trajectory_matches_masked_dense_under_schedule(optimizer):
     assert int(sparse.layers[0].pruning_step.numpy()) == 100
 
 
-def test_update_sparse_masks_prunes_smallest_and_reports():
+def test_update_masks_prunes_sparse_smallest_and_reports():
     w = np.array([[0.1, -0.9], [0.5, -0.2]], np.float32)
     layer = SparseDense.from_dense(w, np.ones((2, 2)), pruning_schedule=prune.OneShot(0.5, 3))
     model = keras.Sequential([keras.Input((2,)), layer])
-    assert update_sparse_masks(model, 2) == ([], False)
-    names, _ = update_sparse_masks(model, 3)
+    none = prune.update_masks(model, 2)
+    assert none == [] and not none.retrace
+    names = prune.update_masks(model, 3)
     assert names == [f"{layer.name}/kernel"]
     np.testing.assert_array_equal(layer.indices.numpy(), [[0, 1], [1, 0]])
     np.testing.assert_array_equal(layer.values.numpy(), np.float32([-0.9, 0.5]))

@@ -2,6 +2,6 @@
 
 from prune.layers.frozen import PartiallyFrozenEmbedding
 from prune.layers.sparse import SparseDense
-from prune.layers.masked import MaskedConv1D, MaskedConv2D, MaskedDense, MaskedEmbedding, PrunableLayer
+from prune.layers.masked import MaskedConv1D, MaskedConv2D, MaskedDense, MaskedEmbedding, PrunableLayer, PruneLowMagnitude
 
-__all__ = ["SparseDense", "PartiallyFrozenEmbedding", "PrunableLayer", "MaskedDense", "MaskedConv1D", "MaskedConv2D", "MaskedEmbedding"]
+__all__ = ["SparseDense", "PartiallyFrozenEmbedding", "PrunableLayer", "MaskedDense", "MaskedConv1D", "MaskedConv2D", "MaskedEmbedding", "PruneLowMagnitude"]

@@ -37,34 +37,53 @@ from keras import ops
 
 from prune import masks as _masks
 from prune.optimizer_state import zero_slot_entries
+from prune.patterns import Pattern, as_pattern, serialize_pattern
+from prune.pruning import PruningEntry
 from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
 
 __all__ = [
     "PrunableLayer",
+    "PruneLowMagnitude",
+    "is_masked_layer",
+    "is_custom_prunable",
     "MaskedDense",
     "MaskedConv1D",
     "MaskedConv2D",
     "MaskedEmbedding",
 ]
 
-_PRUNING_KEYS = ("pruning_schedule", "criterion", "scope", "seed")
+_PRUNING_KEYS = ("pruning_schedule", "pattern", "criterion", "scope", "seed")
 
 
 class PrunableLayer:
     """Mixin for a Keras layer whose ``prunable_weight_names`` carry masks.
 
-    Subclass it together with a Keras layer (``class MaskedDense(PrunableLayer,
-    keras.layers.Dense)``), list the weights to prune in
-    ``prunable_weight_names``, set ``base_class`` to the plain layer, and make
-    the forward pass use :meth:`masked_weight`. Register the pair with
-    :func:`prune.register_prunable`.
+    Two ways to make a layer prunable:
+
+    * **A masked twin** (how ``Dense``, ``Conv*`` and ``Embedding`` are done):
+      subclass this mixin *first*, together with a Keras layer (``class
+      MaskedDense(PrunableLayer, keras.layers.Dense)``), list the weights to
+      prune in ``prunable_weight_names``, set ``base_class`` to the plain
+      layer, make the forward pass use :meth:`masked_weight`, and register the
+      pair with :func:`prune.register_prunable`.
+    * **tfmot's contract**: a custom layer that implements
+      ``get_prunable_weights()`` (returning the variables to prune), whether it
+      also subclasses ``prune.PrunableLayer`` (as tfmot's ``PrunableLayer``) or
+      not. :func:`prune.prune_low_magnitude` wraps it in
+      :class:`PruneLowMagnitude`, which keeps the masks and feeds the layer
+      ``weight * mask`` in its forward pass.
+
+    Every masked layer answers the engine's protocol
+    (:meth:`pruning_entries`, see :mod:`prune.pruning`).
 
     Args:
         pruning_schedule: A schedule (ours, tfmot's, or a config dict), or
             ``None`` for masks that change only through :meth:`set_mask`.
-        criterion: Registered score name, ``"magnitude"`` or ``"random"``.
-        scope: ``"layer"`` (own threshold) or ``"global"`` (one threshold
-            shared by every globally scoped weight in the model).
+        pattern: A :mod:`prune.patterns` value (default ``Unstructured()``).
+        criterion: Registered criterion name (:func:`prune.criteria`).
+        scope: ``"layer"`` (own threshold), ``"global"`` (one threshold
+            shared by every globally scoped weight in the model) or ``"erk"``
+            (Erdős–Rényi-Kernel sparsities over every ``"erk"`` weight).
         seed: Seed of the random criterion.
     """
 
@@ -76,18 +95,17 @@ class PrunableLayer:
         self,
         *args: Any,
         pruning_schedule: PruningSchedule | dict | Any | None = None,
+        pattern: Pattern | dict | None = None,
         criterion: str = "magnitude",
         scope: str = "layer",
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
         schedule = None if pruning_schedule is None else as_schedule(pruning_schedule)
-        _masks.get_criterion(criterion)
-        _masks.check_scope(scope)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
+        pattern = check_pruning_args(pattern, criterion, scope, seed)
         super().__init__(*args, **kwargs)
         self.pruning_schedule = schedule
+        self.pattern = pattern
         self.criterion = criterion
         self.scope = scope
         self.seed = int(seed)
@@ -95,6 +113,8 @@ class PrunableLayer:
     # -- state -----------------------------------------------------------
     def build(self, input_shape: Any = None) -> None:
         super().build(input_shape)
+        if not is_masked_layer(self):
+            return  # a custom layer using tfmot's contract: PruneLowMagnitude keeps its masks
         for name in self.prunable_weight_names:
             weight = self._weight(name)
             mask = self.add_weight(
@@ -109,6 +129,8 @@ class PrunableLayer:
         self.pruning_step = self.add_weight(
             name="pruning_step", shape=(), initializer="zeros", dtype="int64", trainable=False
         )
+        for name in self.prunable_weight_names:
+            self.pattern.check(tuple(self._weight(name).shape), f"{self.name}.{name}")
 
     def _weight(self, name: str) -> Any:
         private = getattr(self, f"_{name}", None)  # Dense/Embedding keep the variable in _kernel/_embeddings
@@ -129,6 +151,41 @@ class PrunableLayer:
         if name not in self.prunable_weight_names:
             raise ValueError(f"weight {name!r} is not prunable in {self.name}; prunable: {list(self.prunable_weight_names)}")
         return self._weight(name), getattr(self, f"{name}_mask")
+
+    def get_prunable_weights(self) -> list[Any]:
+        """The pruned variables (tfmot's ``PrunableLayer`` interface)."""
+        return [self._weight(n) for n in self.prunable_weight_names]
+
+    def pruning_entries(self) -> list[PruningEntry]:
+        """One :class:`prune.pruning.PruningEntry` per prunable weight (the engine's protocol)."""
+        if not is_masked_layer(self):
+            return []
+        out = []
+        for name in self.prunable_weight_names:
+            weight, mask_var = self.weight_and_mask(name)
+
+            def apply(keep: np.ndarray, optimizer: Any, weight: Any = weight, mask_var: Any = mask_var) -> bool:
+                apply_mask(weight, mask_var, keep, optimizer)
+                return False
+
+            out.append(
+                PruningEntry(
+                    key=f"{self.name}/{name}",
+                    layer=self,
+                    variable=weight,
+                    read=lambda weight=weight, mask_var=mask_var: (
+                        np.asarray(weight.numpy()),
+                        np.asarray(mask_var.numpy()) != 0,
+                    ),
+                    schedule=self.pruning_schedule,
+                    pattern=self.pattern,
+                    criterion=self.criterion,
+                    scope=self.scope,
+                    seed=self.seed,
+                    apply=apply,
+                )
+            )
+        return out
 
     def masked_weight(self, name: str) -> Any:
         """``weight * mask``, the value the forward pass uses."""
@@ -169,6 +226,7 @@ class PrunableLayer:
         config = super().get_config()
         config.update(
             pruning_schedule=None if self.pruning_schedule is None else serialize_schedule(self.pruning_schedule),
+            pattern=serialize_pattern(self.pattern),
             criterion=self.criterion,
             scope=self.scope,
             seed=self.seed,
@@ -176,13 +234,43 @@ class PrunableLayer:
         return config
 
     def pruning_params(self) -> dict[str, Any]:
-        """The pruning arguments of this layer (schedule object, criterion, scope, seed)."""
+        """The pruning arguments of this layer (schedule and pattern objects, criterion, scope, seed)."""
         return {k: getattr(self, k) for k in _PRUNING_KEYS}
 
     @classmethod
     def plain_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         """``config`` without the pruning keys: the base layer's config."""
         return {k: v for k, v in config.items() if k not in _PRUNING_KEYS}
+
+
+def check_pruning_args(pattern: Any, criterion: str, scope: str, seed: Any) -> Pattern:
+    """Validate the pruning arguments shared by every prunable layer; returns the pattern.
+
+    Raises:
+        ValueError: naming the argument and the value.
+    """
+    pattern = as_pattern(pattern)
+    _masks.get_criterion(criterion)
+    _masks.check_scope(scope)
+    if not pattern.has_units and scope != "layer":
+        raise ValueError(f"pattern {pattern!r} fixes the sparsity of every group and needs scope='layer', got scope={scope!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    return pattern
+
+
+def is_masked_layer(layer: Any) -> bool:
+    """Whether ``layer`` carries prune's masks (a masked twin or a :class:`PruneLowMagnitude`).
+
+    A user layer that subclasses :class:`PrunableLayer` only to implement
+    tfmot's ``get_prunable_weights()`` is not: it is prunable, not pruned.
+    """
+    return isinstance(layer, PrunableLayer) and type(layer).get_prunable_weights is PrunableLayer.get_prunable_weights
+
+
+def is_custom_prunable(layer: Any) -> bool:
+    """Whether ``layer`` implements tfmot's ``get_prunable_weights()`` and is not masked yet."""
+    return callable(getattr(layer, "get_prunable_weights", None)) and not is_masked_layer(layer)
 
 
 def apply_mask(weight: Any, mask_var: Any, keep: np.ndarray, optimizer: Any = None) -> None:
@@ -285,3 +373,90 @@ class MaskedEmbedding(PrunableLayer, keras.layers.Embedding):
         weight, mask = self.weight_and_mask("embeddings")
         outputs = ops.take(weight, inputs, axis=0) * ops.take(mask, inputs, axis=0)
         return ops.cast(outputs, dtype=self.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package="prune")
+class PruneLowMagnitude(PrunableLayer, keras.layers.Wrapper):
+    """Masks for a custom layer that implements tfmot's ``get_prunable_weights()``.
+
+    tfmot's ``PruneLowMagnitude`` wrapper, with prune's design: the masks live
+    in the wrapper (``<weight>_mask``), and the wrapped layer's forward pass
+    sees ``weight * mask`` (through a Keras ``StatelessScope`` mapping each
+    prunable variable to its masked value), so the gradient of a pruned entry
+    is zero and it stays bitwise +0.0 under every optimizer, as for the masked
+    twins. Other variable updates the layer makes in ``call`` and the losses it
+    adds are carried out of the scope. :func:`prune.strip_pruning` returns the
+    wrapped layer, with pruned entries at +0.0.
+
+    Args:
+        layer: A Keras layer with ``get_prunable_weights()``.
+        **kwargs: The :class:`PrunableLayer` arguments and Keras layer arguments.
+    """
+
+    def __init__(self, layer: Any, **kwargs: Any) -> None:
+        if not isinstance(layer, keras.layers.Layer) or not callable(getattr(layer, "get_prunable_weights", None)):
+            raise ValueError(f"layer must be a Keras layer with get_prunable_weights(), got {layer!r}")
+        kwargs.setdefault("name", f"prune_low_magnitude_{layer.name}")
+        super().__init__(layer, **kwargs)
+        self.prunable_weight_names: tuple[str, ...] = ()
+        object.__setattr__(self, "_prunable", {})  # untracked: the variables belong to the wrapped layer
+
+    def build(self, input_shape: Any = None) -> None:
+        keras.layers.Wrapper.build(self, input_shape)
+        weights = list(self.layer.get_prunable_weights())
+        owned = {id(v) for v in self.layer.weights}
+        names: list[str] = []
+        for v in weights:
+            if id(v) not in owned:
+                raise ValueError(f"get_prunable_weights() of {self.layer.name!r} returned {v!r}, which the layer does not own")
+            name = v.name if v.name not in names else v.path.replace("/", "_")
+            names.append(name)
+        object.__setattr__(self, "_prunable", dict(zip(names, weights)))
+        self.prunable_weight_names = tuple(names)
+        PrunableLayer.build(self, input_shape)
+
+    def _weight(self, name: str) -> Any:
+        return self._prunable[name]
+
+    @classmethod
+    def wrap(cls, layer: Any, params: dict[str, Any]) -> "PruneLowMagnitude":
+        """Wrap a copy of ``layer`` (same config and weights, no shared variables), built if ``layer`` is."""
+        inner = type(layer).from_config(layer.get_config())
+        wrapper = cls(inner, **params)
+        if layer.built:
+            build_config = layer.get_build_config()
+            if build_config is None:
+                raise ValueError(f"layer {layer.name!r} is built but has no build config; cannot copy it")
+            wrapper.build(build_config["input_shape"])
+            for old, new in zip(layer.weights, inner.weights):
+                new.assign(old.value)
+        return wrapper
+
+    def call(self, inputs: Any, training: Any = None, **kwargs: Any) -> Any:
+        self.advance_step(training)
+        mapping = [(self._weight(n), self.masked_weight(n)) for n in self.prunable_weight_names]
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            outputs = self.layer(inputs, training=training, **kwargs)
+        pruned = {id(v) for v, _ in mapping}
+        for v in self.layer.variables:
+            new = scope.get_current_value(v)
+            if new is not None and id(v) not in pruned:
+                v.assign(new)
+        for loss in scope.losses:
+            self.add_loss(loss)
+        return outputs
+
+    def strip(self) -> Any:
+        """The wrapped layer, with its pruned entries set to +0.0."""
+        if self.built:
+            for name in self.prunable_weight_names:
+                weight, mask = self.weight_and_mask(name)
+                value = tf.convert_to_tensor(weight.value)
+                weight.assign(tf.where(tf.convert_to_tensor(mask.value) != 0, value, tf.zeros_like(value)))
+        return self.layer
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "PruneLowMagnitude":
+        config = dict(config)
+        layer = keras.saving.deserialize_keras_object(config.pop("layer"), custom_objects=custom_objects)
+        return cls(layer, **config)

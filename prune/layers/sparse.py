@@ -26,7 +26,7 @@ resource handles it traced with, so:
   an unknown-first-dimension one; a compiled train step traced before then
   holds the old handles and must be retraced once.
   :meth:`SparseDense.compact` returns ``True`` exactly then;
-  :class:`SparsePruningStep` calls ``model.make_train_function(force=True)``
+  :class:`prune.UpdatePruningStep` calls ``model.make_train_function(force=True)``
   (Keras's ``fit`` loop looks ``train_function`` up again before every batch).
   A stale train step does not train silently: its slots no longer match the
   gradient's length and the step fails with a shape error.
@@ -35,24 +35,23 @@ Alternatives rejected: a full-size ``values`` with a mask (memory does not
 fall); replacing variables at every update (the optimizer would lose track of
 them and every update would force a retrace).
 
-Mask updates: :func:`update_sparse_masks` evaluates each layer's schedule and
-criterion exactly as :func:`prune.update_masks` does for masked layers (same
-criterion on the dense view, where absent entries are zeros and count as
-already pruned; same exact top-k), so a masked-dense model and a
-``SparseDense`` model pruned by the same schedule select the same masks. Only
-``scope="layer"`` is supported.
+Mask updates: ``SparseDense`` answers the pruning engine's protocol
+(:meth:`SparseDense.pruning_entries`, see :mod:`prune.pruning`): it presents
+the dense view of its weight (absent entries are zeros and count as already
+pruned) and applies a new keep-mask by :meth:`SparseDense.compact`. So
+:func:`prune.update_masks` and :class:`prune.UpdatePruningStep` drive it
+exactly as they drive masked layers, with every criterion, pattern and scope
+(a masked-dense model and a ``SparseDense`` model pruned alike select the
+same masks, also under global scope), and a key ``"<layer>/kernel"`` as a
+``MaskedDense`` of the same name has. A block or N:M pattern leaves a block or
+N:M structure, stored as COO entries.
 
 ``SparseDense`` is deliberately not a :class:`prune.layers.PrunableLayer`:
-it has no dense ``kernel`` or ``kernel_mask`` for :func:`prune.update_masks`,
-:func:`prune.strip_pruning` or :func:`prune.apply_masked_gradients` to act
-on, and a dense mask variable would defeat the memory saving. So
-:class:`prune.UpdatePruningStep` does not see it; train with
-:class:`SparsePruningStep`, which drives masked and sparse layers together::
-
-    model.fit(x, y, callbacks=[SparsePruningStep()])
-
-In a custom loop call :func:`update_sparse_masks` eagerly before the step
-and retrace the compiled step when it returns ``retrace=True``.
+it has no dense ``kernel`` or ``kernel_mask`` for :func:`prune.strip_pruning`
+or :func:`prune.apply_masked_gradients` to act on, and a dense mask variable
+would defeat the memory saving. In a custom loop call
+:func:`prune.update_masks` eagerly before the step and retrace the compiled
+step when its result has ``retrace=True``.
 """
 
 from __future__ import annotations
@@ -66,11 +65,13 @@ import tensorflow as tf
 from prune._internals import backing_variable, set_backing_variable, set_variable_shape
 from prune import kernels
 from prune import masks as _masks
+from prune.layers.masked import check_pruning_args
 from prune.optimizer_state import slots_for
-from prune.pruning import iter_layers, prunable_layers, update_masks
+from prune.patterns import Pattern, serialize_pattern
+from prune.pruning import PruningEntry, iter_layers
 from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
 
-__all__ = ["SparseDense", "SparsePruningStep", "sparse_layers", "update_sparse_masks"]
+__all__ = ["SparseDense", "sparse_layers"]
 
 
 def _make_dynamic(var: Any, value: Any) -> bool:
@@ -115,9 +116,10 @@ class SparseDense(keras.layers.Layer):
         nnz: Number of stored entries. Set by ``get_config`` so that a loaded
             layer builds variables of the saved length; the structure is then
             overwritten by the loaded weights.
-        pruning_schedule: Schedule for :func:`update_sparse_masks`, or ``None``.
-        criterion: Registered score name (``"magnitude"``, ``"random"``).
-        scope: Only ``"layer"``.
+        pruning_schedule: Schedule for :func:`prune.update_masks`, or ``None``.
+        pattern: A :mod:`prune.patterns` value (default ``Unstructured()``).
+        criterion: Registered criterion name (:func:`prune.criteria`).
+        scope: ``"layer"``, ``"global"`` or ``"erk"``, as for masked layers.
         **kwargs: Keras layer arguments (``name``, ``dtype``, ...).
 
     Raises:
@@ -141,6 +143,7 @@ class SparseDense(keras.layers.Layer):
         pruning_schedule: PruningSchedule | dict | Any | None = None,
         criterion: str = "magnitude",
         scope: str = "layer",
+        pattern: Pattern | dict | None = None,
         **kwargs: Any,
     ) -> None:
         kernels.check_matmul(matmul)
@@ -150,9 +153,7 @@ class SparseDense(keras.layers.Layer):
             raise ValueError(f"sparsity must be in [0, 1], got {sparsity!r}")
         if nnz is not None and (isinstance(nnz, bool) or not isinstance(nnz, (int, np.integer)) or nnz < 0):
             raise ValueError(f"nnz must be a non-negative integer or None, got {nnz!r}")
-        _masks.get_criterion(criterion)
-        if scope != "layer":
-            raise ValueError(f"scope must be 'layer' for SparseDense (global scope is not supported), got {scope!r}")
+        pattern = check_pruning_args(pattern, criterion, scope, seed)
         super().__init__(**kwargs)
         self.units = int(units)
         self.activation = keras.activations.get(activation)
@@ -166,6 +167,7 @@ class SparseDense(keras.layers.Layer):
         self.pruning_schedule = None if pruning_schedule is None else as_schedule(pruning_schedule)
         self.criterion = criterion
         self.scope = scope
+        self.pattern = pattern
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self.input_spec = keras.layers.InputSpec(min_ndim=2)
         self.supports_jit = False  # CSR ops take variant tensors, and nnz is dynamic: no XLA
@@ -391,6 +393,33 @@ class SparseDense(keras.layers.Layer):
             replaced |= _make_dynamic(slot, tf.gather(slot.value, positions))
         return replaced
 
+    # -- the pruning engine's protocol (prune.pruning) ---------------------------------
+    def pruning_entries(self) -> list[PruningEntry]:
+        """The weight as one :class:`prune.pruning.PruningEntry`: its dense view, compacted on apply."""
+
+        def to_dense(values: np.ndarray) -> np.ndarray:
+            self._sync_shapes()
+            idx = self.indices.numpy()
+            dense = np.zeros(self.dense_shape, dtype=np.asarray(values).dtype)
+            dense[idx[:, 0], idx[:, 1]] = np.asarray(values)
+            return dense
+
+        return [
+            PruningEntry(
+                key=f"{self.name}/kernel",
+                layer=self,
+                variable=self.values,
+                read=lambda: (self.to_dense(), self.get_mask()),
+                schedule=self.pruning_schedule,
+                pattern=self.pattern,
+                criterion=self.criterion,
+                scope=self.scope,
+                seed=self.seed,
+                apply=self.compact,
+                to_dense=to_dense,
+            )
+        ]
+
     # -- serialisation ---------------------------------------------------------------
     def save_own_variables(self, store: Any) -> None:
         keras.layers.Layer.save_own_variables(self, store)
@@ -424,6 +453,7 @@ class SparseDense(keras.layers.Layer):
             pruning_schedule=None if self.pruning_schedule is None else serialize_schedule(self.pruning_schedule),
             criterion=self.criterion,
             scope=self.scope,
+            pattern=serialize_pattern(self.pattern),
         )
         return config
 
@@ -431,47 +461,3 @@ class SparseDense(keras.layers.Layer):
 def sparse_layers(model: Any) -> list[SparseDense]:
     """The :class:`SparseDense` layers inside ``model`` (or ``[model]``)."""
     return [layer for layer in iter_layers(model) if isinstance(layer, SparseDense)]
-
-
-def update_sparse_masks(model: Any, step: int, optimizer: Any = None) -> tuple[list[str], bool]:
-    """Prune the :class:`SparseDense` layers whose schedule fires at ``step``.
-
-    For each such layer: score the dense view of the weight with the layer's
-    criterion (key ``"<layer>/kernel"``, as a ``MaskedDense`` of the same name
-    uses), take the exact top-k mask at the scheduled sparsity with absent
-    entries counted as already pruned (:func:`prune.masks.topk_mask`), and
-    :meth:`SparseDense.compact` to it. Runs eagerly, between steps.
-
-    Args:
-        model: A model or layer.
-        step: The training step about to run.
-        optimizer: Optimizer whose slots shrink with the layers.
-
-    Returns:
-        ``(names, retrace)``: names (``layer/kernel``) of the layers updated,
-        and whether a compiled train step must be retraced.
-    """
-    names: list[str] = []
-    retrace = False
-    for layer in sparse_layers(model):
-        if not layer.built or layer.pruning_schedule is None:
-            continue
-        if not layer.pruning_schedule.should_update(step):
-            continue
-        sparsity = layer.pruning_schedule(step)[1]
-        dense = layer.to_dense()
-        scores = _masks.get_criterion(layer.criterion)(dense, layer.seed, f"{layer.name}/kernel")
-        keep = _masks.topk_mask(scores, float(sparsity), layer.get_mask())
-        retrace |= layer.compact(keep, optimizer)
-        names.append(f"{layer.name}/kernel")
-    return names, retrace
-
-
-def __getattr__(name: str) -> Any:
-    # SparsePruningStep is prune.UpdatePruningStep, which now drives masked and
-    # sparse layers alike; imported lazily because prune.training imports this module.
-    if name == "SparsePruningStep":
-        from prune.training import UpdatePruningStep
-
-        return UpdatePruningStep
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
