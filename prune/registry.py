@@ -14,7 +14,7 @@ import keras
 
 from prune.layers.masked import MaskedConv1D, MaskedConv2D, MaskedDense, MaskedEmbedding, PrunableLayer
 
-__all__ = ["register_prunable", "masked_class_for", "prunable_classes", "unsupported"]
+__all__ = ["register_prunable", "masked_class_for", "prunable_classes", "unsupported", "keeps_dense"]
 
 _PRUNABLE: dict[type, type] = {
     keras.layers.Dense: MaskedDense,
@@ -22,6 +22,22 @@ _PRUNABLE: dict[type, type] = {
     keras.layers.Conv2D: MaskedConv2D,
     keras.layers.Embedding: MaskedEmbedding,
 }
+
+
+# Layers with weights that tfmot's PruneRegistry supports with no prunable weight
+# (an empty list there): they stay dense by design and are not "unsupported".
+# Depthwise kernels are tiny and each filter sees one channel only.
+_KEEP_DENSE: tuple[type, ...] = (
+    keras.layers.BatchNormalization,
+    keras.layers.LayerNormalization,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+)
+
+
+def keeps_dense(layer: Any) -> bool:
+    """Whether ``layer`` stays dense by design (as in tfmot), so is neither pruned nor reported."""
+    return type(layer) in _KEEP_DENSE
 
 
 def register_prunable(layer_class: type, masked_class: type) -> None:
@@ -81,7 +97,7 @@ def unsupported(model: Any) -> list[tuple[Any, list[Any]]]:
         seen.add(id(layer))
         if isinstance(layer, PrunableLayer) or masked_class_for(layer) is not None:
             continue
-        if getattr(type(layer), "keeps_pruning_step", False):
+        if getattr(type(layer), "keeps_pruning_step", False) or keeps_dense(layer):
             continue  # carries its own sparsity (SparseDense)
         if isinstance(layer, keras.Model) or _has_prunable(layer):
             stack.extend(reversed(_children(layer)))

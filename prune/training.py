@@ -31,6 +31,7 @@ from typing import Any, Iterable
 import keras
 import tensorflow as tf
 
+from prune.driving import attach, detach
 from prune.layers.sparse import update_sparse_masks
 from prune.pruning import prunable_layers, stepped_layers, update_masks
 
@@ -52,6 +53,10 @@ class UpdatePruningStep(keras.callbacks.Callback):
     step (in Python) and, where one fires, masks are recomputed and the pruned
     entries of weights and optimizer slots are set to zero.
 
+    Training a model with scheduled masks without this callback raises a
+    ``ValueError`` when the training step is built, as in tfmot (see
+    :mod:`prune.driving` for why it raises rather than adds itself).
+
     Args:
         optimizer: Optimizer whose slots to reset; defaults to ``model.optimizer``.
     """
@@ -72,6 +77,21 @@ class UpdatePruningStep(keras.callbacks.Callback):
             )
         built = [layer for layer in self._layers if layer.built]
         self._step = int(built[0].pruning_step.numpy()) if built else 0
+        attach(self._layers)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        detach(self._layers)
+
+    def on_epoch_end(self, batch: int = -1, logs: dict | None = None) -> None:
+        """Nothing to do; kept so that tfmot code calling ``on_epoch_end(batch=-1)`` runs unchanged.
+
+        tfmot re-multiplies weights by masks at the end of each epoch, so that
+        a saved model holds ``mask * weight``. Here the stored weight is zero
+        wherever the mask is, at every step (the masked forward pass gives
+        pruned entries a zero gradient and their optimizer slots are zeroed at
+        each mask update), so there is nothing to re-apply. The first argument
+        is named ``batch`` as in tfmot; ``fit`` passes the epoch there.
+        """
 
     def _update(self, step: int) -> None:
         optimizer = self._optim()

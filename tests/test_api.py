@@ -137,13 +137,13 @@ def test_bad_arguments(kwargs, message):
 
 
 def test_bad_targets():
-    with pytest.raises(ValueError, match=r"to_prune must be a Keras 3 layer or model, got numpy.ndarray"):
+    with pytest.raises(ValueError, match=r"to_prune must be a Keras 3 layer, a list of layers or a model, got numpy"):
         prune.prune_low_magnitude(np.zeros(3))
-    with pytest.raises(ValueError, match=r"to_prune is a LSTM, which is not prunable"):
-        prune.prune_low_magnitude(keras.layers.LSTM(3))
+    with pytest.raises(ValueError, match=r"to_prune is a ConvLSTM2D, which is not prunable"):
+        prune.prune_low_magnitude(keras.layers.ConvLSTM2D(2, 3))
     pm = prune.prune_low_magnitude(mlp())
     with pytest.raises(ValueError, match=r"already pruned"):
-        prune.prune_low_magnitude(pm)
+        prune.prune_low_magnitude(pm.layers[0])
 
 
 def test_set_mask_validates_before_changing_anything():
