@@ -34,10 +34,13 @@ from prune.freezing import (
     transform_slices,
 )
 from prune.layers.masked import PrunableLayer
+from prune.layers import masked_more as _masked_more  # registers Conv3D, transposed and separable convs, MHA, RNNs
 from prune.masks import criteria, register_criterion
+from prune.policy import PruneForLatencyOnXNNPack, PruningPolicy
 from prune.pruning import get_step, prunable_layers, update_masks
 from prune.registry import register_prunable
 from prune.report import sparsity_report
+from prune.summaries import PruningSummaries, prune_scope
 from prune.schedules import (
     ConstantSparsity,
     OneShot,
@@ -67,6 +70,10 @@ __all__ = [
     "PolynomialDecay",
     "PruningSchedule",
     "PrunableLayer",
+    "PruneForLatencyOnXNNPack",
+    "PruningPolicy",
+    "PruningSummaries",
+    "prune_scope",
     "UpdatePruningStep",
     "apply_masked_gradients",
     "criteria",
