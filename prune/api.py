@@ -39,8 +39,8 @@ def _copy_built(old: Any, new: Any) -> Any:
     weights of a layer's sublayers share names (``MultiHeadAttention``'s four
     ``kernel``s).
     """
-    if not old.built:
-        return new
+    if not old.built or not old.weights:
+        return new  # nothing to copy; Keras builds it on its first call
     build_config = old.get_build_config()
     if build_config is None:
         raise ValueError(f"layer {old.name!r} is built but has no build config; cannot copy it")
@@ -138,6 +138,8 @@ def _copying(fn: Callable[[Any], Any], models_only: bool = False) -> Callable[[A
     """
 
     def clone(layer: Any) -> Any:
+        if not isinstance(layer, keras.layers.Layer):
+            return layer  # a Keras op of a functional model (x + y): stateless, nothing to copy
         if isinstance(layer, keras.Model):
             if _is_graph_model(layer):
                 return keras.models.clone_model(layer, clone_function=clone)
@@ -203,9 +205,25 @@ def _replace_attributes(parent: Any, fn: Callable[[Any], Any]) -> None:
             )
 
 
+# Layers without weights, from tfmot's PruneRegistry (those with an empty weight list) as Keras 3 names them.
+_WEIGHTLESS: tuple[type, ...] = tuple(
+    getattr(keras.layers, name)
+    for name in (
+        "InputLayer ELU LeakyReLU ReLU Softmax Activation ActivityRegularization Dropout AlphaDropout "
+        "GaussianDropout GaussianNoise SpatialDropout1D SpatialDropout2D SpatialDropout3D Flatten Lambda Masking "
+        "Permute RepeatVector Reshape Rescaling Cropping1D Cropping2D Cropping3D UpSampling1D UpSampling2D "
+        "UpSampling3D ZeroPadding1D ZeroPadding2D ZeroPadding3D Add Average Concatenate Dot Maximum Minimum "
+        "Multiply Subtract AveragePooling1D AveragePooling2D AveragePooling3D MaxPooling1D MaxPooling2D "
+        "MaxPooling3D GlobalAveragePooling1D GlobalAveragePooling2D GlobalAveragePooling3D GlobalMaxPooling1D "
+        "GlobalMaxPooling2D GlobalMaxPooling3D"
+    ).split()
+    if hasattr(keras.layers, name)
+)
+
+
 def _passes_through(layer: Any) -> bool:
     """Whether ``layer`` has nothing to prune: a weightless layer, or one tfmot also leaves dense."""
-    if isinstance(layer, keras.layers.InputLayer) or keeps_dense(layer):
+    if type(layer) in _WEIGHTLESS or keeps_dense(layer):
         return True
     if layer.built:
         return not any(len(w.shape) >= 2 for w in layer.trainable_weights)

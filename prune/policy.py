@@ -40,15 +40,30 @@ def _layer_of(tensor: Any) -> Any:
     return tensor._keras_history.operation
 
 
-def _producers(layer: Any) -> set[Any]:
-    return {_layer_of(t) for node in layer._inbound_nodes for t in node.input_tensors}
+def _members(model: Any) -> set[int]:
+    """Ids of the operations of ``model`` and of the models nested in it.
+
+    Keras 3 records every call of a layer in its nodes, whichever model it was
+    called for; the walk below must stay inside this model.
+    """
+    out: set[int] = set()
+    for op in getattr(model, "operations", None) or model.layers:
+        out.add(id(op))
+        if isinstance(op, keras.Model):
+            out |= _members(op)
+    return out
 
 
-def _consumers(layer: Any) -> list[Any]:
+def _producers(layer: Any, members: set[int]) -> set[Any]:
+    found = {_layer_of(t) for node in layer._inbound_nodes for t in node.input_tensors}
+    return {p for p in found if id(p) in members}
+
+
+def _consumers(layer: Any, members: set[int]) -> list[Any]:
     def unpack(consumer: Any) -> Any:  # a nested Sequential is looked at through its first layer
         return unpack(consumer.layers[0]) if isinstance(consumer, keras.Sequential) else consumer
 
-    return [unpack(node.operation) for node in layer._outbound_nodes]
+    return [unpack(node.operation) for node in layer._outbound_nodes if id(node.operation) in members]
 
 
 def _lookup(sources: Iterable[Any], stop: Callable[[Any], bool], step: Callable[[Any], Iterable[Any]]) -> set[Any]:
@@ -87,6 +102,8 @@ class PruneForLatencyOnXNNPack(PruningPolicy):
         XNNPACK sparse inference, tensorflow/lite/delegates/xnnpack/README.md.
     """
 
+    _scope: set[int] = set()  # ids of the operations of the model being checked
+
     def allow_pruning(self, layer: Any) -> bool:
         """Only ``Conv2D`` layers with a 1x1 kernel."""
         return isinstance(layer, keras.layers.Conv2D) and _same(layer.kernel_size, (1, 1))
@@ -94,7 +111,7 @@ class PruneForLatencyOnXNNPack(PruningPolicy):
     def _is_start(self, layer: Any) -> bool:
         if not isinstance(layer, keras.layers.Conv2D):
             return False
-        producers = list(_producers(layer))
+        producers = list(_producers(layer, self._scope))
         return (
             layer.built
             and tuple(layer.kernel.shape[:3]) == (3, 3, 3)
@@ -114,9 +131,11 @@ class PruneForLatencyOnXNNPack(PruningPolicy):
         L = keras.layers
         if isinstance(layer, (L.Add, L.Multiply, L.ZeroPadding2D, L.ReLU, L.LeakyReLU, L.ELU, L.Dropout)):
             return True
+        if not isinstance(layer, L.Layer):  # a Keras op in a functional model: tfmot's TFOpLambda add/subtract/...
+            return type(layer).__name__ in ("Add", "Subtract", "Multiply", "Identity")
         if isinstance(layer, L.DepthwiseConv2D):
             padding = layer.padding.lower()
-            producers = list(_producers(layer))
+            producers = list(_producers(layer, self._scope))
             zero = producers[0] if len(producers) == 1 and isinstance(producers[0], L.ZeroPadding2D) else None
             k, s = tuple(layer.kernel_size), tuple(layer.strides)
             cases = (
@@ -148,125 +167,6 @@ class PruneForLatencyOnXNNPack(PruningPolicy):
         return False  # masked layers subclass their plain layer, so MaskedConv2D was judged as Conv2D above
 
     def ensure_model_supports_pruning(self, model: Any) -> None:
-        """Raise ``ValueError`` if ``model`` cannot be pruned under this policy."""
-
-
-def _layer_of(tensor: Any) -> Any:
-    return tensor._keras_history.operation
-
-
-def _producers(layer: Any) -> set[Any]:
-    return {_layer_of(t) for node in layer._inbound_nodes for t in node.input_tensors}
-
-
-def _consumers(layer: Any) -> list[Any]:
-    def unpack(consumer: Any) -> Any:  # a nested Sequential is looked at through its first layer
-        return unpack(consumer.layers[0]) if isinstance(consumer, keras.Sequential) else consumer
-
-    return [unpack(node.operation) for node in layer._outbound_nodes]
-
-
-def _lookup(sources: Iterable[Any], stop: Callable[[Any], bool], step: Callable[[Any], Iterable[Any]]) -> set[Any]:
-    """tfmot's ``_lookup_layers``: walk from ``sources`` until ``stop``; empty if a branch ends first."""
-    to_visit, used, found = set(sources), set(sources), set()
-    while to_visit:
-        layer = to_visit.pop()
-        if stop(layer):
-            found.add(layer)
-            continue
-        following = list(step(layer))
-        if not following:
-            return set()
-        for nxt in following:
-            if nxt not in used:
-                used.add(nxt)
-                to_visit.add(nxt)
-    return found
-
-
-def _same(value: Any, expected: tuple) -> bool:
-    return tuple(value) == expected
-
-
-class PruneForLatencyOnXNNPack(PruningPolicy):
-    """Prune only the 1x1 ``Conv2D`` layers of a model that XNNPACK can run sparse.
-
-    As in tfmot: the model must start (in every input branch) with a 3x3,
-    stride-2, ``valid`` ``Conv2D`` on 3 input channels after a
-    ``ZeroPadding2D(1)``, end (in every output branch) with a
-    ``GlobalAveragePooling2D``, and hold between them only layers XNNPACK's
-    sparse inference supports. Only the 1x1 ``Conv2D`` layers are pruned.
-
-    References:
-        Elsen et al., "Fast Sparse ConvNets", CVPR 2020 (arXiv:1911.09723);
-        XNNPACK sparse inference, tensorflow/lite/delegates/xnnpack/README.md.
-    """
-
-    def allow_pruning(self, layer: Any) -> bool:
-        """Only ``Conv2D`` layers with a 1x1 kernel."""
-        return isinstance(layer, keras.layers.Conv2D) and _same(layer.kernel_size, (1, 1))
-
-    def _is_start(self, layer: Any) -> bool:
-        if not isinstance(layer, keras.layers.Conv2D):
-            return False
-        producers = list(_producers(layer))
-        return (
-            layer.built
-            and tuple(layer.kernel.shape[:3]) == (3, 3, 3)
-            and _same(layer.strides, (2, 2))
-            and layer.padding.lower() == "valid"
-            and len(producers) == 1
-            and isinstance(producers[0], keras.layers.ZeroPadding2D)
-            and _same(producers[0].padding, ((1, 1), (1, 1)))
-        )
-
-    @staticmethod
-    def _is_end(layer: Any) -> bool:
-        return isinstance(layer, keras.layers.GlobalAveragePooling2D)
-
-    def _supported(self, layer: Any) -> bool:
-        """tfmot's ``_check_layer_support``, itself a copy of XNNPACK's compatibility checks."""
-        L = keras.layers
-        if isinstance(layer, (L.Add, L.Multiply, L.ZeroPadding2D, L.ReLU, L.LeakyReLU, L.ELU, L.Dropout)):
-            return True
-        if isinstance(layer, L.DepthwiseConv2D):
-            padding = layer.padding.lower()
-            producers = list(_producers(layer))
-            zero = producers[0] if len(producers) == 1 and isinstance(producers[0], L.ZeroPadding2D) else None
-            k, s = tuple(layer.kernel_size), tuple(layer.strides)
-            cases = (
-                k == (3, 3) and s == (1, 1) and padding == "same",
-                k == (3, 3) and s in ((1, 1), (2, 2)) and padding == "valid" and zero is not None
-                and _same(zero.padding, ((1, 1), (1, 1))),
-                k == (5, 5) and s == (1, 1) and padding == "same",
-                k == (5, 5) and s in ((1, 1), (2, 2)) and padding == "valid" and zero is not None
-                and _same(zero.padding, ((2, 2), (2, 2))),
-            )
-            return layer.depth_multiplier == 1 and _same(layer.dilation_rate, (1, 1)) and any(cases)
-        if isinstance(layer, L.Conv2D):
-            return (
-                layer.groups == 1
-                and _same(layer.dilation_rate, (1, 1))
-                and _same(layer.kernel_size, (1, 1))
-                and _same(layer.strides, (1, 1))
-            )
-        if isinstance(layer, L.GlobalAveragePooling2D):
-            return bool(layer.keepdims)
-        if isinstance(layer, L.BatchNormalization):
-            axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
-            return [a % 4 for a in axis] == [3]
-        if isinstance(layer, L.UpSampling2D):
-            return layer.interpolation == "bilinear"
-        if isinstance(layer, L.Activation):
-            name = getattr(layer.activation, "__name__", "")
-            return name in ("relu", "relu6", "leaky_relu", "elu", "sigmoid")
-        base = getattr(layer, "base_class", None)  # an already masked layer: judge the plain layer
-        return base is not None and isinstance(layer, base) and type(layer) is not base and self._supported_as(layer, base)
-
-    def _supported_as(self, layer: Any, base: type) -> bool:
-        return base is keras.layers.Conv2D and self._supported.__func__(self, _AsBase(layer))  # type: ignore[attr-defined]
-
-    def ensure_model_supports_pruning(self, model: Any) -> None:
         """Check the model as tfmot does.
 
         Raises:
@@ -278,15 +178,17 @@ class PruneForLatencyOnXNNPack(PruningPolicy):
             raise ValueError("Subclassed models are not supported currently.")
         if not model.built:
             raise ValueError("Unbuilt models are not supported currently.")
+        self._scope = scope = _members(model)
+        consumers = lambda layer: _consumers(layer, scope)  # noqa: E731
         inputs = {_layer_of(t) for t in model.inputs}
-        starts = _lookup(inputs, self._is_start, _consumers)
+        starts = _lookup(inputs, self._is_start, consumers)
         if not starts:
             raise ValueError(
                 "Could not find `Conv2D 3x3` layer with stride 2x2, `input filters == 3` and `VALID` padding and "
                 "preceding `ZeroPadding2D` with `padding == 1` in all input branches of the model"
             )
         outputs = {_layer_of(t) for t in model.outputs}
-        ends = _lookup(outputs, self._is_end, _producers)
+        ends = _lookup(outputs, self._is_end, lambda layer: _producers(layer, scope))
         if not ends:
             raise ValueError("Could not find a `GlobalAveragePooling2D` layer in all output branches")
 
@@ -297,4 +199,4 @@ class PruneForLatencyOnXNNPack(PruningPolicy):
                 )
             return layer in ends
 
-        _lookup([c for start in starts for c in _consumers(start)], visit, _consumers)
+        _lookup([c for start in starts for c in consumers(start)], visit, consumers)

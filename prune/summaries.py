@@ -1,9 +1,9 @@
 """TensorBoard summaries of pruning, and tfmot's ``prune_scope``.
 
-:class:`PruningSummaries` is tfmot's callback of the same name: a
-``keras.callbacks.TensorBoard`` that, at the start of each epoch, also writes
-each masked weight's sparsity and magnitude threshold as ``tf.summary``
-scalars to ``<log_dir>/metrics``, at step ``model.optimizer.iterations``.
+:class:`PruningSummaries` is tfmot's callback of the same name: at the start
+of each epoch it writes each masked weight's sparsity and magnitude threshold
+as ``tf.summary`` scalars to ``<log_dir>/metrics``, at step
+``model.optimizer.iterations``.
 """
 
 from __future__ import annotations
@@ -41,31 +41,57 @@ def pruning_scalars(model: Any) -> dict[str, float]:
     return out
 
 
-class PruningSummaries(keras.callbacks.TensorBoard):
-    """TensorBoard callback that also logs the sparsity and threshold of every mask.
+def _scalar_metadata() -> bytes:
+    """TensorBoard's scalar-plugin metadata, as ``tensorboard.summary.scalar`` writes it (plugin data version 0)."""
+    metadata = tf.compat.v1.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    return metadata.SerializeToString()
 
-    As tfmot's: every argument of ``keras.callbacks.TensorBoard`` is accepted,
-    and at the start of each epoch the scalars of :func:`pruning_scalars` are
-    written to ``<log_dir>/metrics`` at step ``model.optimizer.iterations``
-    (the pruning step when the model has no optimizer yet). Like any
-    TensorBoard callback it overrides ``on_train_batch_end``, which turns off
-    Keras 3's asynchronous callback dispatch; add it when you want the logs,
-    not in timed runs.
+
+class PruningSummaries(keras.callbacks.Callback):
+    """Log the sparsity and threshold of every mask for TensorBoard, at the start of each epoch.
+
+    As tfmot's callback of the same name, the scalars of
+    :func:`pruning_scalars` go to ``<log_dir>/metrics``, at step
+    ``model.optimizer.iterations`` (the pruning step when the model has no
+    optimizer), written with ``tf.summary`` under TensorBoard's scalar plugin.
+
+    Unlike tfmot's, it is not a ``keras.callbacks.TensorBoard``: it logs the
+    pruning scalars only. Add ``keras.callbacks.TensorBoard(log_dir)`` beside
+    it for losses and metrics. Two reasons: Keras 3's ``TensorBoard`` needs
+    the ``tensorboard`` package to write anything (``prune`` does not depend
+    on it; ``tf.summary.write`` is part of TensorFlow), and it overrides
+    ``on_train_batch_end``, which turns off Keras 3's asynchronous callback
+    dispatch for the whole ``fit`` (see ``prune/training.py``).
 
     Args:
         log_dir: Directory of the event files, a non-empty string.
-        update_freq: As in ``keras.callbacks.TensorBoard``; ``"epoch"`` by default.
-        **kwargs: Other ``keras.callbacks.TensorBoard`` arguments.
+        update_freq: Only ``"epoch"`` (tfmot's default; the pruning scalars
+            are written per epoch there too).
 
     Raises:
-        ValueError: ``log_dir`` is not a non-empty string.
+        ValueError: ``log_dir`` is not a non-empty string, ``update_freq`` is
+            not ``"epoch"``, or a ``keras.callbacks.TensorBoard`` argument is
+            given (use that callback for them).
     """
 
-    def __init__(self, log_dir: str, update_freq: str | int = "epoch", **kwargs: Any) -> None:
+    def __init__(self, log_dir: str, update_freq: str = "epoch", **kwargs: Any) -> None:
         if not isinstance(log_dir, str) or not log_dir:
             raise ValueError(f"`log_dir` must be a non-empty string. You passed `log_dir`={log_dir!r}.")
-        super().__init__(log_dir=log_dir, update_freq=update_freq, **kwargs)
-        self._metrics_writer: Any = None
+        if update_freq != "epoch":
+            raise ValueError(
+                f"update_freq must be 'epoch' (pruning scalars are logged per epoch), got {update_freq!r}; for "
+                "per-batch losses add keras.callbacks.TensorBoard(log_dir, update_freq=...) beside PruningSummaries"
+            )
+        if kwargs:
+            raise ValueError(
+                f"PruningSummaries logs pruning scalars only and takes no TensorBoard arguments, got {sorted(kwargs)}; "
+                "pass them to a keras.callbacks.TensorBoard beside it"
+            )
+        super().__init__()
+        self.log_dir = log_dir
+        self.update_freq = update_freq
+        self._writer: Any = None
 
     def _step(self) -> int:
         optimizer = getattr(self.model, "optimizer", None)
@@ -74,14 +100,19 @@ class PruningSummaries(keras.callbacks.TensorBoard):
         return get_step(self.model)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        super().on_epoch_begin(epoch, logs)
-        if self._metrics_writer is None:
-            self._metrics_writer = tf.summary.create_file_writer(self.log_dir + "/metrics")
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir + "/metrics")
         step = self._step()
-        with self._metrics_writer.as_default():
+        metadata = _scalar_metadata()
+        with self._writer.as_default():
             for name, value in pruning_scalars(self.model).items():
-                tf.summary.scalar(name, value, step=step)
-        self._metrics_writer.flush()
+                tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=metadata)
+        self._writer.flush()
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 def prune_scope() -> Any:
