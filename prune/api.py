@@ -91,7 +91,13 @@ def _to_masked(layer: Any, params: dict[str, Any], kwargs: dict[str, Any] | None
     if input_shape is not None:
         config["input_shape"] = input_shape
     config.update(kwargs or {})
-    return _copy_built(layer, cls.from_config(config))
+    try:
+        masked = cls.from_config(config)
+    except (TypeError, ValueError) as exc:
+        if not kwargs:
+            raise
+        raise ValueError(f"keyword arguments {sorted(kwargs)} do not fit {type(layer).__name__}: {exc}") from exc
+    return _copy_built(layer, masked)
 
 
 def _to_plain(layer: Any) -> Any:
