@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import dataclasses
+import inspect
 
 import keras
 import numpy as np
@@ -33,7 +34,7 @@ def test_agrees_with_tfmot_at_every_step():
     # tfmot is imported in a child process only: importing it switches tf.keras to legacy Keras.
     code = textwrap.dedent(
         """
-        import json, sys
+        import inspect, json, sys
         import tensorflow_model_optimization as tfmot
         from prune.schedules import as_schedule
         cases, lasts = json.loads(sys.argv[1])
@@ -46,13 +47,27 @@ def test_agrees_with_tfmot_at_every_step():
                 should, sparsity = theirs(step)
                 rows.append([bool(should.numpy()), float(sparsity.numpy()), list(converted(step))])
             out.append(rows)
-        print(json.dumps(out))
+        k = tfmot.sparsity.keras
+        names = sorted(n for n in dir(k) if not n.startswith("_"))
+        configs = [getattr(k, name)(**kwargs).get_config() for name, kwargs in cases]
+        print(json.dumps([out, names, list(inspect.signature(k.prune_low_magnitude).parameters), configs]))
         """
     )
     payload = json.dumps([CASES, [_last_step(k) for _, k in CASES]])
     res = subprocess.run([sys.executable, "-c", code, payload], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    theirs_all = json.loads(res.stdout.strip().splitlines()[-1])
+    theirs_all, names, params, configs = json.loads(res.stdout.strip().splitlines()[-1])
+    # Every public name of tfmot.sparsity.keras exists in prune, and every argument of its prune_low_magnitude
+    # is one of ours (block_pooling_type and sparsity_m_by_n come with structured patterns: the engine's half
+    # of issue 10).
+    assert "prune_low_magnitude" in names and len(names) == 11
+    assert [n for n in names if not hasattr(prune, n)] == []
+    ours = inspect.signature(prune.prune_low_magnitude).parameters
+    assert [p for p in params if p not in ours and p not in ("block_pooling_type", "sparsity_m_by_n")] == []
+    # A tfmot schedule's get_config() and ours have the same {"class_name", "config"} form and values.
+    for (name, kwargs), config in zip(CASES, configs):
+        assert getattr(prune, name).from_config(config) == getattr(prune, name)(**kwargs)
+        assert keras.saving.deserialize_keras_object(config) == getattr(prune, name)(**kwargs)
     for (name, kwargs), rows in zip(CASES, theirs_all):
         ours = getattr(prune, name)(**kwargs)
         for step, (t_should, t_sparsity, converted) in enumerate(rows):

@@ -791,3 +791,4 @@ def test_policy_only_for_graph_models():
     """tfmot ignores pruning_policy for a layer or a list; here that is an error naming the argument."""
     with pytest.raises(ValueError, match="pruning_policy applies to Sequential and functional models only"):
         prune.prune_low_magnitude(L.Conv2D(2, 1), pruning_policy=XNN())
+
