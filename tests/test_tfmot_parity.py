@@ -792,3 +792,21 @@ def test_policy_only_for_graph_models():
     with pytest.raises(ValueError, match="pruning_policy applies to Sequential and functional models only"):
         prune.prune_low_magnitude(L.Conv2D(2, 1), pruning_policy=XNN())
 
+
+
+def test_new_layer_kinds_save_load_and_strip(tmp_path):
+    """Each masked layer kind beyond Dense/Conv/Embedding keeps masks, weights and outputs through .keras files."""
+    rng = np.random.default_rng(0)
+    for name in ("Conv3D", "Conv2DTranspose", "SeparableConv1D", "GRU"):  # one per masking mechanism
+        make, shape = SINGLE_LAYERS[name]
+        keras.utils.set_random_seed(0)
+        model = prune.prune_low_magnitude(keras.Sequential([keras.Input(shape), make()]), prune.OneShot(0.5, 0))
+        prune.update_masks(model, 0)
+        x = rng.normal(size=(2, *shape)).astype("float32")
+        path = str(tmp_path / f"{name}.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+        assert type(loaded.layers[0]) is type(model.layers[0]), name
+        np.testing.assert_array_equal(model.predict(x, verbose=0), loaded.predict(x, verbose=0), err_msg=name)
+        for (k, a), (_, b) in zip(sorted(model.layers[0].get_masks().items()), sorted(loaded.layers[0].get_masks().items())):
+            assert a.sum() * 2 == a.size and np.array_equal(a, b), (name, k)
