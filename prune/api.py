@@ -15,6 +15,7 @@ replaced in place on the same model object, built and with weights copied.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import keras
@@ -61,13 +62,17 @@ def _base_weights(layer: PrunableLayer) -> list[Any]:
     return [w for w in layer.weights if id(w) not in extra]
 
 
+_AUTO_NAME = re.compile(r"variable(_\d+)?")
+
+
 def _copy_variables(source: list[Any], target: list[Any], layer_name: str, target_kind: str) -> None:
     if len(target) != len(source):
         raise ValueError(
             f"cannot copy the {len(source)} weights of layer {layer_name!r} into {target_kind}, which has {len(target)}"
         )
     for src, dst in zip(source, target):
-        if src.name != dst.name or tuple(src.shape) != tuple(dst.shape):
+        named = not (_AUTO_NAME.fullmatch(src.name) and _AUTO_NAME.fullmatch(dst.name))  # Keras numbers unnamed ones
+        if (named and src.name != dst.name) or tuple(src.shape) != tuple(dst.shape):
             raise ValueError(
                 f"cannot copy weight {src.name!r} {tuple(src.shape)} of layer {layer_name!r} into "
                 f"{dst.name!r} {tuple(dst.shape)} of {target_kind}"

@@ -61,8 +61,16 @@ def register_prunable(layer_class: type, masked_class: type) -> None:
 
 
 def masked_class_for(layer: Any) -> type | None:
-    """The masked class registered for ``layer``'s exact type, or ``None``."""
-    return _PRUNABLE.get(type(layer))
+    """The masked class registered for ``layer``'s exact type, or ``None``.
+
+    ``None`` too when the masked class has a ``can_prune(layer)`` classmethod
+    that says no (``MaskedRNN`` for a cell type it does not know).
+    """
+    cls = _PRUNABLE.get(type(layer))
+    can_prune = getattr(cls, "can_prune", None)
+    if cls is not None and can_prune is not None and not can_prune(layer):
+        return None
+    return cls
 
 
 def _children(layer: Any) -> list[Any]:

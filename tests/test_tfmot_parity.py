@@ -605,6 +605,50 @@ def test_integration_single_layer_reaches_target_sparsity(name):
     _check_strip_matches(model, 0.5, x)
 
 
+def test_integration_rnn_with_cells_reaches_target_sparsity():
+    """testRNNLayersWithRNNCellParams_ReachesTargetSparsity: a generic RNN over three stacked cell kinds."""
+    layer = L.RNN([L.LSTMCell(10), L.GRUCell(10), L.SimpleRNNCell(10)])
+    model = keras.Sequential([prune.prune_low_magnitude(layer, input_shape=(3, 4), **INTEGRATION)])
+    model.compile(loss="mse", optimizer="sgd")
+    assert_model_sparsity(0.0, model)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 3, 4)).astype("float32")
+    model.fit(x, rng.normal(size=(8, 10)), batch_size=8, verbose=0, callbacks=[prune.UpdatePruningStep()])
+    assert _mask_count(model) == 6
+    assert_model_sparsity(0.5, model)
+    _check_strip_matches(model, 0.5, x)
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class MinimalCell(L.Layer):
+    """An RNN cell no registry knows."""
+
+    def __init__(self, units=3, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.state_size = units, units
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units))
+
+    def call(self, inputs, states):
+        out = inputs @ self.kernel + states[0]
+        return out, [out]
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def test_rnn_with_an_unknown_cell_stays_dense():
+    """tfmot raises for a cell it does not know (unless it implements PrunableLayer); here it stays dense, reported."""
+
+    model = keras.Sequential([keras.Input((3, 4)), L.RNN(MinimalCell(), name="custom_rnn"), L.Dense(2)])
+    pruned = prune.prune_low_magnitude(model, **PARAMS)
+    assert type(pruned.layers[0]) is L.RNN and count_pruned(pruned) == 1
+    assert prune.unsupported_layers(pruned) == ["custom_rnn"]
+    with pytest.raises(ValueError, match="RNN, which is not prunable"):
+        prune.prune_low_magnitude(L.RNN(MinimalCell()))
+
+
 def test_integration_embedding_reaches_target_sparsity():
     """testPrunesEmbedding_ReachesTargetSparsity."""
     model = keras.Sequential([

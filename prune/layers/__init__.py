@@ -16,6 +16,7 @@ _MORE = (
     "MaskedSimpleRNN",
     "MaskedGRU",
     "MaskedLSTM",
+    "MaskedRNN",
 )
 
 

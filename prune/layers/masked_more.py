@@ -3,15 +3,12 @@
 Which weights are pruned follows tfmot's ``PruneRegistry``
 (``prune_registry.py`` in tensorflow/model-optimization):
 
-=================================  ====================================================
-layer                              pruned weights
-=================================  ====================================================
-``Conv3D``                         ``kernel``
-``Conv2DTranspose``, ``Conv3DTranspose``  ``kernel``
-``SeparableConv1D``, ``SeparableConv2D``  ``pointwise_kernel`` (the depthwise kernel stays dense)
-``MultiHeadAttention``             the kernels of the query, key, value and output projections
-``SimpleRNN``, ``GRU``, ``LSTM``   the cell's ``kernel`` and ``recurrent_kernel``
-=================================  ====================================================
+* ``Conv3D``, ``Conv2DTranspose``, ``Conv3DTranspose``: ``kernel``;
+* ``SeparableConv1D``, ``SeparableConv2D``: ``pointwise_kernel`` (the depthwise kernel stays dense);
+* ``MultiHeadAttention``: the kernels of the query, key, value and output projections;
+* ``SimpleRNN``, ``GRU``, ``LSTM``: the cell's ``kernel`` and ``recurrent_kernel``;
+* ``RNN`` over ``SimpleRNNCell``, ``GRUCell`` or ``LSTMCell`` cells, stacked or not: each cell's ``kernel``
+  and ``recurrent_kernel``.
 
 ``DepthwiseConv1D``/``DepthwiseConv2D`` have no prunable weight in tfmot's
 registry either: they pass through ``prune_low_magnitude`` unpruned
@@ -47,6 +44,7 @@ __all__ = [
     "MaskedSimpleRNN",
     "MaskedGRU",
     "MaskedLSTM",
+    "MaskedRNN",
 ]
 
 
@@ -55,21 +53,26 @@ class _SwapMasked:
 
     ``_slots`` maps a prunable weight name to ``(owner, attribute)``: the
     sublayer attribute holding the owner (``""`` for the layer itself) and the
-    attribute Keras's ``call`` reads the variable from.
+    attribute Keras's ``call`` reads the variable from. A class whose owners
+    are not attributes overrides :meth:`_slot`.
     """
 
     _slots: dict[str, tuple[str, str]] = {}
 
-    def _variable(self, name: str) -> Any:
+    def _slot(self, name: str) -> tuple[Any, str]:
         owner, attr = self._slots[name]
-        return getattr(getattr(self, owner) if owner else self, attr)
+        return (getattr(self, owner) if owner else self), attr
+
+    def _variable(self, name: str) -> Any:
+        owner, attr = self._slot(name)
+        return getattr(owner, attr)
 
     @contextlib.contextmanager
     def _masking(self) -> Iterator[None]:
         saved = []
         try:
-            for name, (owner_attr, attr) in self._slots.items():
-                owner = getattr(self, owner_attr) if owner_attr else self
+            for name in self.prunable_weight_names:  # type: ignore[attr-defined]
+                owner, attr = self._slot(name)
                 variable = getattr(owner, attr)
                 mask = getattr(self, f"{name}_mask")
                 object.__setattr__(owner, attr, variable * mask)  # bypass Keras tracking: a tensor, for this call
@@ -229,6 +232,53 @@ class MaskedLSTM(PrunableLayer, _SwapRNN, keras.layers.LSTM):
     prunable_weight_names = ("kernel", "recurrent_kernel")
 
 
+_RNN_CELLS = (keras.layers.SimpleRNNCell, keras.layers.GRUCell, keras.layers.LSTMCell)
+
+
+def _rnn_cells(cell: Any) -> list[Any]:
+    return list(cell.cells) if isinstance(cell, keras.layers.StackedRNNCells) else [cell]
+
+
+@keras.saving.register_keras_serializable(package="prune")
+class MaskedRNN(PrunableLayer, _SwapRNN, keras.layers.RNN):
+    """``keras.layers.RNN`` over ``SimpleRNNCell``, ``GRUCell`` or ``LSTMCell`` cells, one or a stack of them.
+
+    As in tfmot, each cell's ``kernel`` and ``recurrent_kernel`` are pruned;
+    here they are named ``cell_<i>_kernel`` and ``cell_<i>_recurrent_kernel``
+    (``i`` counts the stacked cells from 0), with masks of the same names plus
+    ``_mask``.
+
+    Raises:
+        ValueError: a cell of another type (it would stay dense, unmasked).
+    """
+
+    base_class = keras.layers.RNN
+
+    def __init__(self, cell: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(cell, *args, **kwargs)
+        cells = _rnn_cells(self.cell)
+        other = [type(c).__name__ for c in cells if type(c) not in _RNN_CELLS]
+        if other:
+            raise ValueError(f"MaskedRNN prunes SimpleRNNCell, GRUCell and LSTMCell only, got cells {other}")
+        names = tuple(f"cell_{i}_{w}" for i in range(len(cells)) for w in ("kernel", "recurrent_kernel"))
+        object.__setattr__(self, "prunable_weight_names", names)  # per instance: one pair per cell
+
+    @classmethod
+    def can_prune(cls, layer: Any) -> bool:
+        """Whether every cell of the ``keras.layers.RNN`` ``layer`` is one this class masks."""
+        return all(type(c) in _RNN_CELLS for c in _rnn_cells(layer.cell))
+
+    def _slot(self, name: str) -> tuple[Any, str]:
+        _, index, attr = name.split("_", 2)
+        return _rnn_cells(self.cell)[int(index)], attr
+
+    def __getattr__(self, name: str) -> Any:
+        # PrunableLayer finds a pruned weight as an attribute of that name.
+        if name.startswith("cell_") and name in self.__dict__.get("prunable_weight_names", ()):
+            return self._variable(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
 for _masked in (
     MaskedConv3D,
     MaskedConv2DTranspose,
@@ -239,5 +289,6 @@ for _masked in (
     MaskedSimpleRNN,
     MaskedGRU,
     MaskedLSTM,
+    MaskedRNN,
 ):
     register_prunable(_masked.base_class, _masked)
