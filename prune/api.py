@@ -249,7 +249,12 @@ def _prune_one(layer: Any, params: dict[str, Any], kwargs: dict[str, Any]) -> An
     if masked_class_for(layer) is not None:
         return _to_masked(layer, params, kwargs)
     if _passes_through(layer):
-        return layer
+        if not kwargs:
+            return layer
+        try:  # tfmot gives the kwargs (input_shape, name, ...) to its wrapper; here to a copy of the layer
+            return _copy_built(layer, type(layer).from_config({**layer.get_config(), **kwargs}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"keyword arguments {sorted(kwargs)} do not fit {type(layer).__name__}: {exc}") from exc
     raise ValueError(
         f"to_prune is a {type(layer).__name__}, which is not prunable; register it with prune.register_prunable"
     )

@@ -298,6 +298,9 @@ def test_single_layer_keeps_input_shape_and_takes_layer_kwargs():
     assert layer.name == "pruned_fc" and not layer.trainable
     with pytest.raises(ValueError, match=r"(?s)keyword arguments \['colour'\] do not fit Dense: .*Unrecognized keyword arguments passed to MaskedDense"):
         prune.prune_low_magnitude(keras.layers.Dense(2), colour=1)
+    flatten = keras.layers.Flatten()
+    passed = prune.prune_low_magnitude(flatten, input_shape=(2, 3))  # a layer with nothing to prune takes them too
+    assert passed is not flatten and keras.Sequential([passed]).input_shape == (None, 2, 3)
     with pytest.raises(ValueError, match=r"keyword arguments \['name'\] are forwarded to a single layer only"):
         prune.prune_low_magnitude(mlp(), name="x")
 
