@@ -40,6 +40,9 @@ from prune.pruning import compute_gradients, get_step, prunable_layers, update_m
 from prune.registry import register_prunable
 from prune.report import sparsity_report
 from prune.shrink import shrink, shrink_report
+from prune.layers import masked_more as _masked_more  # registers Conv3D, transposed and separable convs, MHA, RNNs
+from prune.policy import PruneForLatencyOnXNNPack, PruningPolicy
+from prune.summaries import PruningSummaries, prune_scope
 from prune.schedules import (
     ConstantSparsity,
     OneShot,
@@ -75,6 +78,10 @@ __all__ = [
     "PolynomialDecay",
     "PruningSchedule",
     "PrunableLayer",
+    "PruneForLatencyOnXNNPack",
+    "PruningPolicy",
+    "PruningSummaries",
+    "prune_scope",
     "UpdatePruningStep",
     "apply_masked_gradients",
     "criteria",

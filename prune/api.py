@@ -15,6 +15,7 @@ replaced in place on the same model object, built and with weights copied.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import keras
@@ -25,35 +26,87 @@ from prune import masks as _masks
 from prune.layers.masked import PrunableLayer, PruneLowMagnitude, check_pruning_args, is_custom_prunable, is_masked_layer
 from prune.patterns import pattern_from_args
 from prune.pruning import iter_layers, prunable_layers
-from prune.registry import masked_class_for, unsupported
+from prune.policy import PruningPolicy
+from prune.registry import keeps_dense, masked_class_for, unsupported
 from prune.schedules import ConstantSparsity, as_schedule
 
 __all__ = ["prune_low_magnitude", "strip_pruning", "is_pruned", "unsupported_layers"]
 
 
 def _copy_built(old: Any, new: Any) -> Any:
-    """Build ``new`` like ``old`` and copy every variable ``old`` has, by name."""
-    if not old.built:
-        return new
+    """Build ``new`` like ``old`` and copy every variable ``old`` has into it.
+
+    Variables are paired in order and checked by name and shape. Between a
+    plain layer and its masked twin, the masks and the step counter are left
+    out of the pairing (:func:`_base_weights`). Names alone would not do: the
+    weights of a layer's sublayers share names (``MultiHeadAttention``'s four
+    ``kernel``s).
+    """
+    if not old.built or not old.weights:
+        return new  # nothing to copy; Keras builds it on its first call
     build_config = old.get_build_config()
     if build_config is None:
         raise ValueError(f"layer {old.name!r} is built but has no build config; cannot copy it")
     new.build_from_config(build_config)
-    by_name = {v.name: v for v in new.weights}
-    for v in old.weights:
-        if v.name not in by_name:
-            raise ValueError(f"cannot copy weight {v.name!r} of layer {old.name!r} into {type(new).__name__}")
-        by_name[v.name].assign(v.value)
+    source, target = old.weights, new.weights
+    if is_masked_layer(new) and not is_masked_layer(old):
+        target = _base_weights(new)
+    if is_masked_layer(old) and not is_masked_layer(new):
+        source = _base_weights(old)
+    _copy_variables(source, target, old.name, type(new).__name__)
     return new
 
 
-def _to_masked(layer: Any, params: dict[str, Any]) -> Any:
+def _base_weights(layer: PrunableLayer) -> list[Any]:
+    """``layer.weights`` without the masks and the step counter: the plain layer's weights, in its order."""
+    extra = {id(layer.weight_and_mask(n)[1]) for n in layer.prunable_weight_names}
+    extra.add(id(layer.pruning_step))
+    return [w for w in layer.weights if id(w) not in extra]
+
+
+_AUTO_NAME = re.compile(r"variable(_\d+)?")
+
+
+def _copy_variables(source: list[Any], target: list[Any], layer_name: str, target_kind: str) -> None:
+    if len(target) != len(source):
+        raise ValueError(
+            f"cannot copy the {len(source)} weights of layer {layer_name!r} into {target_kind}, which has {len(target)}"
+        )
+    for src, dst in zip(source, target):
+        named = not (_AUTO_NAME.fullmatch(src.name) and _AUTO_NAME.fullmatch(dst.name))  # Keras numbers unnamed ones
+        if (named and src.name != dst.name) or tuple(src.shape) != tuple(dst.shape):
+            raise ValueError(
+                f"cannot copy weight {src.name!r} {tuple(src.shape)} of layer {layer_name!r} into "
+                f"{dst.name!r} {tuple(dst.shape)} of {target_kind}"
+            )
+        dst.assign(src.value)
+
+
+def _clone_layer(layer: Any) -> Any:
+    """A new layer of the same class and config, built like ``layer`` and with its weights."""
+    if isinstance(layer, keras.layers.InputLayer):
+        return layer
+    return _copy_built(layer, type(layer).from_config(layer.get_config()))
+
+
+def _to_masked(layer: Any, params: dict[str, Any], kwargs: dict[str, Any] | None = None) -> Any:
     cls = masked_class_for(layer)
     if cls is None:
-        # tfmot's contract: a custom layer with get_prunable_weights() is wrapped.
-        return PruneLowMagnitude.wrap(layer, params) if is_custom_prunable(layer) else layer
-    config = layer.get_config()
-    return _copy_built(layer, cls.from_config({**config, **params}))
+        if is_custom_prunable(layer):  # tfmot's contract: a layer with get_prunable_weights() is wrapped
+            return PruneLowMagnitude.wrap(layer, {**params, **(kwargs or {})})
+        return layer
+    config = {**layer.get_config(), **params}
+    input_shape = getattr(layer, "_input_shape_arg", None)  # Keras 3 keeps input_shape out of get_config
+    if input_shape is not None:
+        config["input_shape"] = input_shape
+    config.update(kwargs or {})
+    try:
+        masked = cls.from_config(config)
+    except (TypeError, ValueError) as exc:
+        if not kwargs:
+            raise
+        raise ValueError(f"keyword arguments {sorted(kwargs)} do not fit {type(layer).__name__}: {exc}") from exc
+    return _copy_built(layer, masked)
 
 
 def _to_plain(layer: Any) -> Any:
@@ -61,18 +114,14 @@ def _to_plain(layer: Any) -> Any:
         return layer
     if isinstance(layer, PruneLowMagnitude):
         return layer.strip()
-    plain = layer.base_class.from_config(layer.plain_config(layer.get_config()))
+    plain = _copy_built(layer, layer.base_class.from_config(layer.plain_config(layer.get_config())))
     if not layer.built:
         return plain
-    plain.build_from_config(layer.get_build_config())
-    by_name = {v.name: v for v in plain.weights}
-    for v in layer.weights:
-        if v.name not in by_name:
-            continue  # masks and the step counter have no place in the plain layer
-        value = np.asarray(v.numpy())
-        if v.name in layer.prunable_weight_names:  # +0.0 where pruned, never -0.0
-            value = np.where(layer.weight_and_mask(v.name)[1].numpy() != 0, value, np.zeros_like(value))
-        by_name[v.name].assign(value)
+    by_id = {id(v): target for v, target in zip(_base_weights(layer), plain.weights)}
+    for name in layer.prunable_weight_names:  # +0.0 where pruned, never -0.0
+        weight, mask = layer.weight_and_mask(name)
+        value = np.asarray(weight.numpy())
+        by_id[id(weight)].assign(np.where(mask.numpy() != 0, value, np.zeros_like(value)))
     return plain
 
 
@@ -82,14 +131,61 @@ def _is_graph_model(model: Any) -> bool:
 
 
 def _convert(model: Any, fn: Callable[[Any], Any]) -> Any:
-    """Apply ``fn`` to every layer: clone graph models, rebuild subclassed ones in place."""
+    """Apply ``fn`` to every layer: clone graph models, rebuild subclassed ones in place.
+
+    ``fn`` maps a layer to its replacement, or returns the layer itself to keep
+    it. Inside a cloned graph model, kept layers are copied (with their
+    weights), and nested models are converted the same way, so the result
+    shares no layer and no variable with ``model``. A subclassed model is
+    changed in place, except nested models, which are copies.
+    """
     if isinstance(model, keras.layers.Layer) and not isinstance(model, keras.Model):
         return fn(model)
     if _is_graph_model(model):
-        clone = keras.models.clone_model(model, clone_function=fn)
-        return clone
-    _replace_attributes(model, fn)
+        return keras.models.clone_model(model, clone_function=_copying(fn))
+    _replace_attributes(model, _copying(fn, models_only=True))
     return model
+
+
+def _copying(fn: Callable[[Any], Any], models_only: bool = False) -> Callable[[Any], Any]:
+    """``fn``, recursing into nested models and copying the layers ``fn`` keeps.
+
+    With ``models_only``, kept layers that are not models are returned as they
+    are (a subclassed model changed in place keeps its other layers).
+    """
+
+    def clone(layer: Any) -> Any:
+        if not isinstance(layer, keras.layers.Layer):
+            return layer  # a Keras op of a functional model (x + y): stateless, nothing to copy
+        if isinstance(layer, keras.Model):
+            if _is_graph_model(layer):
+                return keras.models.clone_model(layer, clone_function=clone)
+            return _copy_subclassed(layer, clone)
+        new = fn(layer)
+        if new is not layer or models_only:
+            return new
+        copy = _clone_layer(layer)
+        if getattr(copy, "_layers", None):  # a custom block: its prunable sublayers are converted in place
+            _replace_attributes(copy, _copying(fn, models_only=True))
+        return copy
+
+    return clone
+
+
+def _copy_subclassed(model: Any, fn: Callable[[Any], Any]) -> Any:
+    """A copy of a nested subclassed model (``from_config`` and weights), converted in place."""
+    try:
+        copy = type(model).from_config(model.get_config())
+        if model.built:
+            copy.build_from_config(model.get_build_config())
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot copy"; say which model and why
+        raise ValueError(
+            f"nested model {model.name!r} ({type(model).__name__}) cannot be copied: {exc}. Give it get_config/"
+            "from_config, or prune its layers when you build it: prune.prune_low_magnitude(keras.layers.Dense(...))"
+        ) from exc
+    _copy_variables(model.weights, copy.weights, model.name, type(copy).__name__)
+    _replace_attributes(copy, fn)
+    return copy
 
 
 def _replace_attributes(parent: Any, fn: Callable[[Any], Any]) -> None:
@@ -126,44 +222,112 @@ def _replace_attributes(parent: Any, fn: Callable[[Any], Any]) -> None:
             )
 
 
+# Layers without weights, from tfmot's PruneRegistry (those with an empty weight list) as Keras 3 names them.
+_WEIGHTLESS: tuple[type, ...] = tuple(
+    getattr(keras.layers, name)
+    for name in (
+        "InputLayer ELU LeakyReLU ReLU Softmax Activation ActivityRegularization Dropout AlphaDropout "
+        "GaussianDropout GaussianNoise SpatialDropout1D SpatialDropout2D SpatialDropout3D Flatten Lambda Masking "
+        "Permute RepeatVector Reshape Rescaling Cropping1D Cropping2D Cropping3D UpSampling1D UpSampling2D "
+        "UpSampling3D ZeroPadding1D ZeroPadding2D ZeroPadding3D Add Average Concatenate Dot Maximum Minimum "
+        "Multiply Subtract AveragePooling1D AveragePooling2D AveragePooling3D MaxPooling1D MaxPooling2D "
+        "MaxPooling3D GlobalAveragePooling1D GlobalAveragePooling2D GlobalAveragePooling3D GlobalMaxPooling1D "
+        "GlobalMaxPooling2D GlobalMaxPooling3D"
+    ).split()
+    if hasattr(keras.layers, name)
+)
+
+
+def _passes_through(layer: Any) -> bool:
+    """Whether ``layer`` has nothing to prune: a weightless layer, or one tfmot also leaves dense."""
+    if type(layer) in _WEIGHTLESS or keeps_dense(layer):
+        return True
+    if layer.built:
+        return not any(len(w.shape) >= 2 for w in layer.trainable_weights)
+    return False
+
+
+def _prune_one(layer: Any, params: dict[str, Any], kwargs: dict[str, Any]) -> Any:
+    if isinstance(layer, keras.Model):
+        raise ValueError(f"to_prune holds a model {layer.name!r} inside a list; pass models on their own")
+    if is_masked_layer(layer):
+        raise ValueError(f"to_prune {layer.name!r} is already pruned; strip_pruning it first")
+    if masked_class_for(layer) is not None or is_custom_prunable(layer):
+        return _to_masked(layer, params, kwargs)
+    if _passes_through(layer):
+        if not kwargs:
+            return layer
+        try:  # tfmot gives the kwargs (input_shape, name, ...) to its wrapper; here to a copy of the layer
+            return _copy_built(layer, type(layer).from_config({**layer.get_config(), **kwargs}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"keyword arguments {sorted(kwargs)} do not fit {type(layer).__name__}: {exc}") from exc
+    raise ValueError(
+        f"to_prune is a {type(layer).__name__}, which is not prunable; register it with prune.register_prunable"
+    )
+
+
 def prune_low_magnitude(
     to_prune: Any,
     pruning_schedule: Any = None,
+    block_size: tuple[int, int] = (1, 1),
+    block_pooling_type: str = "AVG",
+    pruning_policy: PruningPolicy | None = None,
+    sparsity_m_by_n: tuple[int, int] | None = None,
     *,
     criterion: str = "magnitude",
     scope: str = "layer",
     seed: int = 0,
     pattern: Any = None,
-    block_size: tuple[int, int] = (1, 1),
-    block_pooling_type: str = "AVG",
-    sparsity_m_by_n: tuple[int, int] | None = None,
+    **kwargs: Any,
 ) -> Any:
     """Give every prunable layer a mask and a schedule.
 
     Args:
-        to_prune: A Keras layer, a Sequential or functional model (cloned), or
-            a subclassed model (changed in place and returned).
+        to_prune: What to prune (as in tfmot, plus subclassed models):
+
+            * a Keras layer: its masked twin, with ``**kwargs`` forwarded to
+              it (``name=...``; an ``input_shape`` given to the layer is kept).
+              A layer with nothing to prune (``Dropout``, ``Flatten``,
+              ``BatchNormalization``, ``DepthwiseConv2D``, ...) is returned as
+              it is;
+            * a list of layers: a list, each layer pruned as above, except
+              that already pruned layers and ``InputLayer`` pass through;
+            * a Sequential or functional model: a clone in which every
+              prunable layer is masked, nested Sequential and functional
+              models too, recursively. Layers already pruned keep their own
+              masks and schedule. The clone shares no layer and no variable
+              with ``to_prune``;
+            * a subclassed model: changed in place and returned (tfmot refuses
+              these). Nested models in it are replaced by pruned copies.
         pruning_schedule: A :class:`prune.PruningSchedule`, a tfmot schedule, or
             any ``step -> (should_update, sparsity)`` callable. Defaults to
             tfmot's default, ``ConstantSparsity(0.5, begin_step=0)``.
+        block_size: ``(r, c)``: ``(1, 1)`` is unstructured, anything else is
+            ``Block(block_size, block_pooling_type)`` (2-D weights only).
+        block_pooling_type: ``"AVG"`` or ``"MAX"``, how a block's scores pool.
+        pruning_policy: A :class:`prune.PruningPolicy` that picks the layers
+            to prune, e.g. :class:`prune.PruneForLatencyOnXNNPack`; Sequential
+            and functional models only, as in tfmot.
+        sparsity_m_by_n: ``(m, n)``: ``m`` zeros in every ``n`` consecutive
+            weights along the input dimension, i.e. ``NByM(m, n)``.
         criterion: ``"magnitude"`` (default) or ``"random"``, or a registered name.
         scope: ``"layer"`` (default, a threshold per weight) or ``"global"``.
         seed: Seed for the random criterion.
         pattern: A :mod:`prune.patterns` value: ``prune.Unstructured()``
             (default), ``prune.Block((r, c), "AVG")``, ``prune.NByM(m, n)``,
-            ``prune.Channel()``. Or, as in tfmot:
-        block_size: ``(r, c)``: ``(1, 1)`` is unstructured, anything else is
-            ``Block(block_size, block_pooling_type)`` (2-D weights only).
-        block_pooling_type: ``"AVG"`` or ``"MAX"``, how a block's scores pool.
-        sparsity_m_by_n: ``(m, n)``: ``m`` zeros in every ``n`` consecutive
-            weights along the input dimension, i.e. ``NByM(m, n)``.
+            ``prune.Channel()``. Or, as in tfmot, ``block_size``,
+            ``block_pooling_type`` and ``sparsity_m_by_n`` (give one or the other).
+        **kwargs: Keyword arguments of the layer (``to_prune`` a single layer only).
 
     Returns:
-        The pruned layer or model. Unsupported layers stay dense; see
-        :func:`unsupported_layers` and :func:`prune.sparsity_report`.
+        The pruned layer, list or model. Unsupported layers in a model stay
+        dense (tfmot raises); see :func:`unsupported_layers` and
+        :func:`prune.sparsity_report`. Train it with
+        :class:`prune.UpdatePruningStep`: training without it raises.
 
     Raises:
-        ValueError: bad schedule, criterion, scope or seed, before anything is built.
+        ValueError: bad schedule, criterion, scope, seed, policy or keyword
+            argument, or an unprunable layer; before anything is built.
     """
     schedule = as_schedule(ConstantSparsity(0.5, 0) if pruning_schedule is None else pruning_schedule)
     _masks.get_criterion(criterion)
@@ -172,16 +336,51 @@ def prune_low_magnitude(
     check_pruning_args(pattern, criterion, scope, seed)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    if not isinstance(to_prune, keras.layers.Layer):
-        raise ValueError(f"to_prune must be a Keras 3 layer or model, got {type(to_prune).__module__}.{type(to_prune).__name__}")
-    if is_masked_layer(to_prune) or (isinstance(to_prune, keras.Model) and prunable_layers(to_prune)):
-        raise ValueError(f"to_prune {to_prune.name!r} is already pruned; strip_pruning it first")
+    if pruning_policy is not None and not isinstance(pruning_policy, PruningPolicy):
+        raise ValueError(f"pruning_policy must be a prune.PruningPolicy, got {pruning_policy!r}")
     params = {"pruning_schedule": schedule, "pattern": pattern, "criterion": criterion, "scope": scope, "seed": int(seed)}
-    if not isinstance(to_prune, keras.Model) and masked_class_for(to_prune) is None and not is_custom_prunable(to_prune):
+    is_layer = isinstance(to_prune, keras.layers.Layer) and not isinstance(to_prune, keras.Model)
+    if kwargs and not is_layer:
         raise ValueError(
-            f"to_prune is a {type(to_prune).__name__}, which is not prunable; register it with prune.register_prunable"
+            f"keyword arguments {sorted(kwargs)} are forwarded to a single layer only; to_prune is a "
+            f"{type(to_prune).__name__}. Set them on the layers before pruning"
         )
-    return _convert(to_prune, lambda layer: _to_masked(layer, params))
+    if pruning_policy is not None and not (isinstance(to_prune, keras.Model) and _is_graph_model(to_prune)):
+        raise ValueError(
+            f"pruning_policy applies to Sequential and functional models only, got to_prune of type "
+            f"{type(to_prune).__name__}; prune the layers you choose directly instead"
+        )
+    if isinstance(to_prune, (list, tuple)):
+        bad = [type(x).__name__ for x in to_prune if not isinstance(x, keras.layers.Layer)]
+        if bad:
+            raise ValueError(f"to_prune must be a list of Keras 3 layers, got items of type {bad}")
+        out = []
+        for layer in to_prune:
+            if is_masked_layer(layer):
+                out.append(layer)
+            elif isinstance(layer, keras.layers.InputLayer):
+                out.append(type(layer).from_config(layer.get_config()))
+            else:
+                out.append(_prune_one(layer, params, {}))
+        return out
+    if not isinstance(to_prune, keras.layers.Layer):
+        raise ValueError(
+            "to_prune must be a Keras 3 layer, a list of layers or a model, got "
+            f"{type(to_prune).__module__}.{type(to_prune).__name__}"
+        )
+    if is_layer:
+        return _prune_one(to_prune, params, kwargs)
+    if pruning_policy is not None:
+        pruning_policy.ensure_model_supports_pruning(to_prune)
+
+    def fn(layer: Any) -> Any:
+        if is_masked_layer(layer):
+            return layer  # already pruned: kept (and copied) with its own masks and schedule
+        if pruning_policy is not None and not pruning_policy.allow_pruning(layer):
+            return layer
+        return _to_masked(layer, params)
+
+    return _convert(to_prune, fn)
 
 
 def strip_pruning(model: Any) -> Any:

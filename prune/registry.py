@@ -22,7 +22,7 @@ from prune.layers.masked import (
     is_masked_layer,
 )
 
-__all__ = ["register_prunable", "masked_class_for", "prunable_classes", "unsupported"]
+__all__ = ["register_prunable", "masked_class_for", "prunable_classes", "unsupported", "keeps_dense"]
 
 _PRUNABLE: dict[type, type] = {
     keras.layers.Dense: MaskedDense,
@@ -30,6 +30,22 @@ _PRUNABLE: dict[type, type] = {
     keras.layers.Conv2D: MaskedConv2D,
     keras.layers.Embedding: MaskedEmbedding,
 }
+
+
+# Layers with weights that tfmot's PruneRegistry supports with no prunable weight
+# (an empty list there): they stay dense by design and are not "unsupported".
+# Depthwise kernels are tiny and each filter sees one channel only.
+_KEEP_DENSE: tuple[type, ...] = (
+    keras.layers.BatchNormalization,
+    keras.layers.LayerNormalization,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+)
+
+
+def keeps_dense(layer: Any) -> bool:
+    """Whether ``layer`` stays dense by design (as in tfmot), so is neither pruned nor reported."""
+    return type(layer) in _KEEP_DENSE
 
 
 def register_prunable(layer_class: type, masked_class: type) -> None:
@@ -53,8 +69,16 @@ def register_prunable(layer_class: type, masked_class: type) -> None:
 
 
 def masked_class_for(layer: Any) -> type | None:
-    """The masked class registered for ``layer``'s exact type, or ``None``."""
-    return _PRUNABLE.get(type(layer))
+    """The masked class registered for ``layer``'s exact type, or ``None``.
+
+    ``None`` too when the masked class has a ``can_prune(layer)`` classmethod
+    that says no (``MaskedRNN`` for a cell type it does not know).
+    """
+    cls = _PRUNABLE.get(type(layer))
+    can_prune = getattr(cls, "can_prune", None)
+    if cls is not None and can_prune is not None and not can_prune(layer):
+        return None
+    return cls
 
 
 def _children(layer: Any) -> list[Any]:
@@ -89,7 +113,7 @@ def unsupported(model: Any) -> list[tuple[Any, list[Any]]]:
         seen.add(id(layer))
         if is_masked_layer(layer) or masked_class_for(layer) is not None or is_custom_prunable(layer):
             continue  # masked, or prunable (a registered class, or tfmot's get_prunable_weights())
-        if getattr(type(layer), "keeps_pruning_step", False):
+        if getattr(type(layer), "keeps_pruning_step", False) or keeps_dense(layer):
             continue  # carries its own sparsity (SparseDense)
         if isinstance(layer, keras.Model) or _has_prunable(layer):
             stack.extend(reversed(_children(layer)))

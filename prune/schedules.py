@@ -71,8 +71,12 @@ def _as_step(step: Any) -> int:
 class PruningSchedule:
     """Base class: a pure function of the step, serialisable as a config dict.
 
-    Subclasses are frozen dataclasses; ``get_config`` returns their fields and
-    ``from_config`` rebuilds an equal value.
+    Subclasses are frozen dataclasses. ``get_config`` returns
+    ``{"class_name": ..., "config": {field: value}}``, the form tfmot's
+    schedules use and Keras's ``keras.saving.deserialize_keras_object``
+    reads (the schedule classes are registered with Keras under their class
+    names). ``from_config`` accepts that form or the bare fields and rebuilds
+    an equal value.
     """
 
     def __call__(self, step: int) -> tuple[bool, float]:
@@ -83,13 +87,25 @@ class PruningSchedule:
         return bool(self(step)[0])
 
     def get_config(self) -> dict[str, Any]:
-        """Return the constructor arguments as a JSON-serialisable dict."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        """``{"class_name": <class name>, "config": <constructor arguments>}``, JSON-serialisable."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {"class_name": type(self).__name__, "config": fields}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "PruningSchedule":
-        """Rebuild a schedule from :meth:`get_config` output."""
-        return cls(**config)
+        """Rebuild a schedule from :meth:`get_config` output, or from its ``"config"`` part alone."""
+        return cls(**_unwrap(config, cls.__name__))
+
+
+def _unwrap(config: Any, class_name: str) -> dict[str, Any]:
+    """The constructor arguments in ``config``, which may be ``{"class_name", "config"}``."""
+    if not isinstance(config, dict):
+        raise ValueError(f"a {class_name} config must be a dict, got {config!r}")
+    if set(config) == {"class_name", "config"}:
+        if config["class_name"] != class_name:
+            raise ValueError(f"config is for class_name {config['class_name']!r}, not {class_name!r}")
+        return dict(config["config"])
+    return dict(config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,8 +220,12 @@ class CallableSchedule(PruningSchedule):
     """Adapter for any object called as ``schedule(step) -> (should_update, sparsity)``.
 
     Tensor results (as tfmot's schedules return) are converted to Python
-    values. Such a schedule is used as is but cannot be serialised unless the
-    wrapped object can.
+    values. A model holding such a schedule saves and loads when the wrapped
+    object does through Keras: a class with ``get_config`` (and, unless it
+    is ``cls(**config)``, ``from_config``) registered with
+    ``keras.saving.register_keras_serializable``. The config stores the
+    object in Keras's own serialised form, under the registered class name
+    ``"CallableSchedule"``.
     """
 
     fn: Callable[[int], tuple[Any, Any]]
@@ -215,13 +235,49 @@ class CallableSchedule(PruningSchedule):
         return bool(np.asarray(should)), float(np.asarray(sparsity))
 
     def get_config(self) -> dict[str, Any]:
-        get = getattr(self.fn, "get_config", None)
-        if get is None:
+        """``{"class_name": "CallableSchedule", "config": {"fn": <Keras-serialised fn>}}``.
+
+        Raises:
+            ValueError: the wrapped object has no ``get_config``.
+        """
+        if getattr(self.fn, "get_config", None) is None:
             raise ValueError(
-                f"pruning_schedule {self.fn!r} has no get_config(); it cannot be saved. "
-                "Use one of prune.ConstantSparsity, prune.PolynomialDecay, prune.OneShot or register your own."
+                f"pruning_schedule {self.fn!r} has no get_config(); it cannot be saved. Give it get_config() and "
+                "register its class with keras.saving.register_keras_serializable, or use one of "
+                "prune.ConstantSparsity, prune.PolynomialDecay, prune.OneShot"
             )
-        return {"wrapped": get(), "class": f"{type(self.fn).__module__}.{type(self.fn).__qualname__}"}
+        import keras  # deferred: schedules stay importable and cheap without Keras
+
+        return {"class_name": "CallableSchedule", "config": {"fn": keras.saving.serialize_keras_object(self.fn)}}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "CallableSchedule":
+        """Rebuild the wrapped object with ``keras.saving.deserialize_keras_object``.
+
+        Raises:
+            ValueError: its class is not registered with Keras.
+        """
+        import keras
+
+        fn_config = _unwrap(config, cls.__name__).get("fn")
+        if not isinstance(fn_config, dict):
+            raise ValueError(f"a CallableSchedule config needs 'fn', a Keras-serialised object, got {fn_config!r}")
+        registered = keras.saving.get_registered_object(fn_config.get("registered_name") or fn_config.get("class_name"))
+        try:
+            if registered is None:
+                fn = keras.saving.deserialize_keras_object(fn_config)
+            elif hasattr(registered, "from_config"):
+                fn = registered.from_config(fn_config.get("config", {}))
+            else:
+                fn = registered(**fn_config.get("config", {}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"cannot rebuild the callable pruning_schedule {fn_config!r}: {exc}. Register its class with "
+                "keras.saving.register_keras_serializable before loading"
+            ) from exc
+        if not callable(fn):
+            raise ValueError(f"the callable pruning_schedule config {fn_config!r} did not give a callable, got {fn!r}")
+        return cls(fn)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -253,26 +309,40 @@ def _validate_steps(begin: Any, end: Any, frequency: Any, allow_no_end: bool) ->
         raise ValueError(f"begin_step must be <= end_step, got begin_step={begin!r}, end_step={end!r}")
 
 
-_REGISTRY: dict[str, type[PruningSchedule]] = {
-    "ConstantSparsity": ConstantSparsity,
-    "PolynomialDecay": PolynomialDecay,
-    "OneShot": OneShot,
-}
+_REGISTRY: dict[str, type[PruningSchedule]] = {}
 
 
 def register_schedule(cls: type[PruningSchedule], name: str | None = None) -> type[PruningSchedule]:
-    """Register a schedule class so saved models can rebuild it. Usable as a decorator."""
-    _REGISTRY[name or cls.__name__] = cls
+    """Register a schedule class so saved models can rebuild it. Usable as a decorator.
+
+    The class is registered with Keras too, under the same name, so
+    ``keras.saving.deserialize_keras_object(schedule.get_config())`` returns
+    the schedule (as tfmot's tests do with ``custom_objects``).
+    """
+    if not (isinstance(cls, type) and issubclass(cls, PruningSchedule)):
+        raise ValueError(f"cls must be a subclass of prune.PruningSchedule, got {cls!r}")
+    import keras
+
+    key = name or cls.__name__
+    _REGISTRY[key] = cls
+    keras.saving.get_custom_objects()[key] = cls
     return cls
 
 
+for _cls in (ConstantSparsity, PolynomialDecay, OneShot, CallableSchedule):
+    register_schedule(_cls)
+
+
 def serialize_schedule(schedule: PruningSchedule) -> dict[str, Any]:
-    """``{"class_name": ..., "config": ...}``, the same shape tfmot uses."""
-    return {"class_name": type(schedule).__name__, "config": schedule.get_config()}
+    """``{"class_name": ..., "config": ...}``, the same shape tfmot and Keras use."""
+    config = schedule.get_config()
+    if isinstance(config, dict) and set(config) == {"class_name", "config"}:
+        return config
+    return {"class_name": type(schedule).__name__, "config": config}  # a user schedule with flat get_config()
 
 
 def schedule_from_config(config: dict[str, Any]) -> PruningSchedule:
-    """Rebuild a schedule from ``{"class_name", "config"}`` (ours or tfmot's ``get_config()``)."""
+    """Rebuild a schedule from ``{"class_name", "config"}`` (ours, tfmot's or Keras's serialised form)."""
     if not isinstance(config, dict) or "class_name" not in config:
         raise ValueError(f"pruning_schedule config must be a dict with 'class_name' and 'config', got {config!r}")
     name = config["class_name"]

@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from prune.scoring import get_criterion
 from prune.pruning import compute_gradients, prunable_entries, prunable_layers, stepped_layers, update_masks
+from prune.driving import attach, detach
 
 __all__ = ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"]
 
@@ -60,6 +61,10 @@ class UpdatePruningStep(keras.callbacks.Callback):
     execution. A model built lazily by its first step (no ``keras.Input``) gets
     its step-0 update right after that step (the first step trains unmasked);
     build it first for an exact step 0.
+
+    Training a model with scheduled masks without this callback raises a
+    ``ValueError`` when the training step is built, as in tfmot (see
+    :mod:`prune.driving` for why it raises rather than adds itself).
 
     Args:
         optimizer: Optimizer whose slots to reset; defaults to ``model.optimizer``.
@@ -94,6 +99,7 @@ class UpdatePruningStep(keras.callbacks.Callback):
         self._fit_start = self._step
         self._epoch_start = None
         self._check_execution_boundaries()
+        attach(self._layers)
 
     def _steps_per_execution(self) -> int:
         spe = getattr(self.model, "steps_per_execution", 1)
@@ -135,6 +141,17 @@ class UpdatePruningStep(keras.callbacks.Callback):
                         "steps_per_execution=1, or choose begin_step, end_step and frequency that are multiples of "
                         f"{k} with {k} dividing the {steps} steps of an epoch"
                     )
+
+    def on_epoch_end(self, batch: int = -1, logs: dict | None = None) -> None:
+        """Nothing to do; kept so that tfmot code calling ``on_epoch_end(batch=-1)`` runs unchanged.
+
+        tfmot re-multiplies weights by masks at the end of each epoch, so that
+        a saved model holds ``mask * weight``. Here the stored weight is zero
+        wherever the mask is, at every step (the masked forward pass gives
+        pruned entries a zero gradient and their optimizer slots are zeroed at
+        each mask update), so there is nothing to re-apply. The first argument
+        is named ``batch`` as in tfmot; ``fit`` passes the epoch there.
+        """
 
     def _update(self, step: int) -> None:
         gradients = None
@@ -188,7 +205,10 @@ class UpdatePruningStep(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # A lazily built model whose fit was a single step still gets its step-0 update.
-        self._apply_pending()
+        try:
+            self._apply_pending()
+        finally:
+            detach(self._layers)
 
 
 def mask_gradients(grads_and_vars: Iterable[tuple[Any, Any]], model: Any) -> list[tuple[Any, Any]]:

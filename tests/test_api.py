@@ -89,9 +89,10 @@ def test_functional_with_unsupported_layer_is_reported():
     # Conv2D: 2 FLOPs per multiply-add at each of the 6x6 output positions.
     assert pruned.dense_flops.iloc[0] == 2 * 36 * 36 and pruned.nonzero_flops.iloc[0] == 2 * 9 * 36
     assert prune.unsupported_layers(pm) == []  # BatchNorm has only 1-D weights, nothing to prune
-    lstm = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4), keras.layers.Dense(2)])
+    lstm = keras.Sequential([keras.Input((5, 4, 3)), keras.layers.ConvLSTM1D(4, 2), keras.layers.Flatten(),
+                             keras.layers.Dense(2)])
     plstm = prune.prune_low_magnitude(lstm)
-    assert type(plstm.layers[0]) is keras.layers.LSTM  # left dense, never half-wrapped
+    assert type(plstm.layers[0]) is keras.layers.ConvLSTM1D  # left dense, never half-wrapped
     assert prune.unsupported_layers(plstm) == [plstm.layers[0].name]
     assert set(prune.sparsity_report(plstm).status) == {"pruned", "dense (unsupported)"}
 
@@ -142,13 +143,13 @@ def test_bad_arguments(kwargs, message):
 
 
 def test_bad_targets():
-    with pytest.raises(ValueError, match=r"to_prune must be a Keras 3 layer or model, got numpy.ndarray"):
+    with pytest.raises(ValueError, match=r"to_prune must be a Keras 3 layer, a list of layers or a model, got numpy"):
         prune.prune_low_magnitude(np.zeros(3))
-    with pytest.raises(ValueError, match=r"to_prune is a LSTM, which is not prunable"):
-        prune.prune_low_magnitude(keras.layers.LSTM(3))
+    with pytest.raises(ValueError, match=r"to_prune is a ConvLSTM2D, which is not prunable"):
+        prune.prune_low_magnitude(keras.layers.ConvLSTM2D(2, 3))
     pm = prune.prune_low_magnitude(mlp())
     with pytest.raises(ValueError, match=r"already pruned"):
-        prune.prune_low_magnitude(pm)
+        prune.prune_low_magnitude(pm.layers[0])
 
 
 def test_set_mask_validates_before_changing_anything():
@@ -229,3 +230,104 @@ def test_register_a_user_layer():
     prune.update_masks(pm, 0)
     assert int((pm.layers[0].kernel.numpy() == 0).sum()) == 12
     assert type(prune.strip_pruning(pm).layers[0]) is _Scaled
+
+
+def _nested_model():
+    keras.utils.set_random_seed(3)
+    inner = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="inner_dense"),
+                              keras.layers.BatchNormalization(name="inner_bn")], name="inner")
+    inp = keras.Input((6,))
+    x = inner(inp)
+    x = keras.layers.LayerNormalization(name="ln")(x)
+    deep_in = keras.Input((8,))
+    block = keras.Model(deep_in, keras.layers.Dense(4, name="deep")(deep_in), name="deep_block")  # functional in functional
+    return keras.Model(inp, keras.layers.Dense(3, name="head")(block(x)), name="outer")
+
+
+def test_nested_models_are_pruned_and_share_nothing():
+    model = _nested_model()
+    x = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    y = np.arange(16) % 3
+    before = [w.numpy().copy() for w in model.weights]
+    pm = prune.prune_low_magnitude(model, prune.ConstantSparsity(0.5, 0, frequency=1))
+    np.testing.assert_array_equal(model.predict(x, verbose=0), pm.predict(x, verbose=0))
+    assert sorted(l.name for l in prune.prunable_layers(pm)) == ["deep", "head", "inner_dense"]
+    assert prune.prunable_layers(model) == []
+    original = {id(v) for v in model.weights} | {id(l) for l in prune.pruning.iter_layers(model)}
+    assert not [v.path for v in pm.weights if id(v) in original]
+    assert not [l.name for l in prune.pruning.iter_layers(pm) if id(l) in original]
+    pm.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pm.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[prune.UpdatePruningStep()])
+    for a, b in zip(before, model.weights):  # training the pruned model leaves the original alone (BN stats too)
+        np.testing.assert_array_equal(a, b.numpy())
+    report = prune.sparsity_report(pm)
+    assert sorted(report["layer"]) == ["deep", "head", "inner_dense"]
+    assert (report["sparsity"] == 0.5).all()
+    assert prune.unsupported_layers(pm) == []
+    stripped = prune.strip_pruning(pm)
+    assert prune.prunable_layers(stripped) == [] and type(stripped.get_layer("inner").layers[0]) is keras.layers.Dense
+    np.testing.assert_allclose(stripped.predict(x, verbose=0), pm.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
+
+
+def test_nested_unsupported_layer_is_reported():
+    inner = keras.Sequential([keras.Input((3, 5, 4)), keras.layers.ConvLSTM1D(2, 2, name="clstm")], name="inner")
+    inp = keras.Input((3, 5, 4))
+    model = keras.Model(inp, keras.layers.Dense(2)(keras.layers.Flatten()(inner(inp))))
+    pm = prune.prune_low_magnitude(model)
+    assert prune.unsupported_layers(pm) == ["clstm"]
+    assert "dense (unsupported)" in set(prune.sparsity_report(pm)["status"])
+
+
+def test_nested_model_in_subclassed_model_is_replaced_by_a_pruned_copy():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.body = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, name="body_dense")])
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.head(self.body(x))
+
+    net = Net()
+    net(np.zeros((1, 4), "float32"))
+    body = net.body
+    pm = prune.prune_low_magnitude(net)
+    assert pm is net and net.body is not body and isinstance(net.body.layers[0], MaskedDense)
+    assert type(body.layers[0]) is keras.layers.Dense
+
+
+def test_single_layer_keeps_input_shape_and_takes_layer_kwargs():
+    layer = prune.prune_low_magnitude(keras.layers.Dense(20, input_shape=(7,)), name="pruned_fc", trainable=False)
+    model = keras.Sequential([layer])
+    assert model.built and model.input_shape == (None, 7)
+    assert layer.name == "pruned_fc" and not layer.trainable
+    with pytest.raises(ValueError, match=r"(?s)keyword arguments \['colour'\] do not fit Dense: .*Unrecognized keyword arguments passed to MaskedDense"):
+        prune.prune_low_magnitude(keras.layers.Dense(2), colour=1)
+    flatten = keras.layers.Flatten()
+    passed = prune.prune_low_magnitude(flatten, input_shape=(2, 3))  # a layer with nothing to prune takes them too
+    assert passed is not flatten and keras.Sequential([passed]).input_shape == (None, 2, 3)
+    with pytest.raises(ValueError, match=r"keyword arguments \['name'\] are forwarded to a single layer only"):
+        prune.prune_low_magnitude(mlp(), name="x")
+
+
+def test_bad_list_and_policy():
+    with pytest.raises(ValueError, match=r"a list of Keras 3 layers, got items of type \['int'\]"):
+        prune.prune_low_magnitude([keras.layers.Dense(2), 3])
+    with pytest.raises(ValueError, match=r"to_prune holds a model"):
+        prune.prune_low_magnitude([mlp()])
+    with pytest.raises(ValueError, match=r"pruning_policy must be a prune.PruningPolicy, got 'xnn'"):
+        prune.prune_low_magnitude(mlp(), pruning_policy="xnn")
+
+
+def test_training_without_callback_raises_only_for_scheduled_masks():
+    x, y = mlp_data(16)
+    fixed = prune.convert(mlp(), to="masked")  # masks without a schedule: nothing to drive
+    fixed.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fixed.fit(x, y, verbose=0)
+    pm = prune.prune_low_magnitude(mlp(), prune.ConstantSparsity(0.5, 0))
+    pm.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match=r"layer 'fc1' is pruned with a schedule but is being trained without"):
+        pm.fit(x, y, verbose=0)
+    assert prune.get_step(pm) == 0 and not (pm.layers[0].kernel.numpy() == 0).any()
+    pm.fit(x, y, verbose=0, callbacks=[prune.UpdatePruningStep()])  # the same model, now with the callback
+    assert prune.get_step(pm) == 1 and int((pm.layers[0].kernel.numpy() == 0).sum()) == 96

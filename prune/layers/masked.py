@@ -36,6 +36,7 @@ import tensorflow as tf
 from keras import ops
 
 from prune import masks as _masks
+from prune.driving import require_driver
 from prune.optimizer_state import zero_slot_entries
 from prune.patterns import Pattern, as_pattern, serialize_pattern
 from prune.pruning import PruningEntry
@@ -144,6 +145,7 @@ class PrunableLayer:
         (a shared layer) counts each call.
         """
         if isinstance(training, bool) and training and self.built:
+            require_driver(self)  # Python, at trace time: no per-step cost (prune/driving.py)
             self.pruning_step.assign_add(1)
 
     def weight_and_mask(self, name: str) -> tuple[Any, Any]:

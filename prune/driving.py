@@ -1,0 +1,54 @@
+"""Training a scheduled masked layer requires something that drives its schedule.
+
+tfmot raises when a pruned model is trained without its ``UpdatePruningStep``
+callback; so does ``prune``, rather than train the model dense, silently.
+:class:`prune.UpdatePruningStep` marks the layers it drives in
+``on_train_begin`` and unmarks them in ``on_train_end``; a masked layer with
+a schedule checks the mark when it is called with ``training=True``.
+
+The check costs nothing per step: in ``fit`` and in a ``tf.function`` loop,
+the layer's ``call`` runs in Python only while the step is traced, and the
+check is a Python attribute read there. So it catches a first ``fit`` (or a
+retrace) without the callback, before any step runs. It cannot catch a second
+``fit`` that reuses the step Keras compiled during an earlier ``fit`` that had
+the callback, since no Python code of the layer runs then.
+
+Why raise rather than add the callback automatically: Keras 3 gives a model no
+hook into ``fit``'s callback list, and a patched ``fit`` on the model object
+would be lost on ``keras.models.load_model``, the case where a forgotten
+callback is most likely.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+__all__ = ["attach", "detach", "require_driver"]
+
+_ATTR = "_prune_driven"
+
+
+def attach(layers: Iterable[Any]) -> None:
+    """Mark ``layers`` as driven by a pruning callback."""
+    for layer in layers:
+        object.__setattr__(layer, _ATTR, True)
+
+
+def detach(layers: Iterable[Any]) -> None:
+    """Remove the mark set by :func:`attach`."""
+    for layer in layers:
+        object.__setattr__(layer, _ATTR, False)
+
+
+def require_driver(layer: Any) -> None:
+    """Raise if ``layer`` has a schedule and no callback drives it.
+
+    Raises:
+        ValueError: naming the layer and the callback to add.
+    """
+    if getattr(layer, "pruning_schedule", None) is not None and not getattr(layer, _ATTR, False):
+        raise ValueError(
+            f"layer {layer.name!r} is pruned with a schedule but is being trained without prune.UpdatePruningStep, "
+            "so its masks would never be updated: pass callbacks=[prune.UpdatePruningStep()] to fit, or in a custom "
+            "loop call step.set_model(model) and step.on_train_begin() first (see prune.UpdatePruningStep)"
+        )
