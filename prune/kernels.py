@@ -125,7 +125,7 @@ _COST = {
     "dense": (409_100.0, 2.294, 0.005552, 0.6601, 0.008486),
     "coo": (534_100.0, 4.427, 1.665, 0.03273, 0.00215),
     "csr": (634_400.0, 11.21, 0.05796, 0.0163, 0.0004),
-    "native": (400_000.0, 0.4, 0.028, 0.0, 0.0),
+    "native": (400_000.0, 1.5, 0.028, 0.0, 0.0),
 }
 # Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
 # gathers and a multiply-reduce per (entry, batch) term.
@@ -248,6 +248,8 @@ def choose_matmul(batch: int, n_in: int, n_out: int, nnz: int, native: bool | No
     if native is None:
         native = native_library() is not None
     names = NATIVE_KERNELS if native else KERNELS
+    if nnz == n_in * n_out:  # every entry stored: "dense" reshapes the values (see _dispatch)
+        return "dense"
     return min(names, key=lambda k: estimate_ms(k, batch, n_in, n_out, nnz))
 
 
@@ -409,6 +411,8 @@ def _dispatch(
     cells = n_in * n_out
     if static_nnz is not None:
         rename = {"dense": "dense_full"} if static_nnz == cells else {}
+        if choice == "auto" and static_nnz == cells:  # every entry stored: W is the values, no sparse kernel wins
+            return make("dense_full")
         if choice != "auto":
             return make(rename.get(choice, choice))
         index = _argmin_branch(table, names, nnz, batch, n_in, n_out)
@@ -419,7 +423,7 @@ def _dispatch(
     if choice != "auto":
         return make(choice)
     index = _argmin_branch(table, names, nnz, batch, n_in, n_out)
-    index = tf.where(tf.logical_and(full, tf.equal(index, names.index("dense"))), len(names), index)
+    index = tf.where(full, len(names), index)  # every entry stored: the reshape and one BLAS product
     return tf.switch_case(index, [lambda n=n: make(n) for n in names] + [lambda: make("dense_full")])
 
 
