@@ -32,13 +32,7 @@ retry it; delete that file to retry.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
@@ -84,6 +78,8 @@ def cache_dir() -> Path:
 
 
 def _compiler() -> str | None:
+    import shutil
+
     cxx = os.environ.get("CXX")
     if cxx:
         return shutil.which(cxx) or (cxx if os.path.isfile(cxx) else None)
@@ -92,6 +88,8 @@ def _compiler() -> str | None:
 
 def _cpu_isa() -> str:
     """The CPU's instruction-set flags (what ``-march=native`` compiles for)."""
+    import platform
+
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -110,6 +108,9 @@ def _build_command(cxx: str, output: str) -> list[str]:
 
 
 def _library_name(cxx: str) -> str:
+    import hashlib
+    import subprocess
+
     import tensorflow as tf
 
     try:
@@ -126,6 +127,10 @@ def _library_name(cxx: str) -> str:
 
 def _build(directory: Path) -> tuple[Path, bool]:
     """Path of the compiled library in ``directory``, compiling it if absent; and whether it was compiled now."""
+    import fcntl  # the build machinery is imported at first use, never by ``import prune``
+    import subprocess
+    import tempfile
+
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
