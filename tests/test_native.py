@@ -65,7 +65,10 @@ def test_native_matches_dense_reference(shape, compiled):
     def run(x, values):
         with tf.GradientTape() as tape:
             tape.watch([x, values])
-            y = kernels.sparse_matmul(x, values, idx, (n_in, n_out), matmul="native", structure=structure)
+            # values_grad="sampled" is the native sampled product (auto takes xᵀ·dy when every entry is stored)
+            y = kernels.sparse_matmul(
+                x, values, idx, (n_in, n_out), matmul="native", structure=structure, values_grad="sampled"
+            )
         return (y, *tape.gradient(y, [x, values], output_gradients=tf.constant(dy)))
 
     fn = tf.function(run) if compiled else run
