@@ -23,7 +23,8 @@ Two measures of each, both medians:
   for a function applying the layer to ``K`` distinct inputs (or taking ``K``
   training steps) against the one-call function. Implementations whose single
   call takes more than ``--graph-limit-ms`` are not measured this way (they
-  cannot be the fastest anyway); their rows are absent.
+  cannot be the fastest anyway); their rows are absent, as are differences
+  that come out zero or negative (below the noise of a loaded machine).
 
 Implementations are interleaved in a shuffled order within each round and the
 median over rounds is kept, because the machine is shared and noisy. TF thread
@@ -148,6 +149,8 @@ def measure_point(n_in, n_out, batch, sparsity, impls, rounds, budget_s, rng, gr
             one = med[(impl, mode[:-2])]
             median, low = (med[(impl, mode)] - one) / (GRAPH_K - 1), float("nan")
             mode = mode[:-2] + "_graph"
+            if median <= 0:  # the difference of two medians fell below the noise: no measure, row absent
+                continue
         else:
             median, low = med[(impl, mode)], float(np.min(ts))
         rows.append(
