@@ -1,4 +1,4 @@
-"""Where SparseDense's CSR forward time goes, per operation, inside a compiled graph.
+"""Where SparseDense's forward time goes (CSR and native kernels), per operation, inside a compiled graph.
 
 Each quantity is the cost of one more application inside one ``tf.function``:
 ``(T_K - T_1) / (K - 1)`` for a function doing the operation on ``K``
@@ -13,7 +13,14 @@ so the fixed cost of calling a function (~0.4 ms here) is not in it. For a
 * ``to CSR``: ``SparseTensorToCSRSparseMatrix`` of the stored entries;
 * ``gather``: reordering ``values`` into the row-major order of ``W^T``;
 * ``transpose``: one ``[batch, n]`` transpose (the layer needs two);
-* ``layer``: a whole ``SparseDense(matmul="csr")`` call (the above plus the bias).
+* ``layer``: a whole ``SparseDense(matmul="csr")`` call (the above plus the bias);
+* ``native op``: the native forward op ``PruneSpmm`` alone (values gathered
+  into ``W^T`` order inside it, then the tiled product);
+* ``native dx op``: the same op with ``transpose=True`` on a ``[batch, n]``
+  input, which walks ``W`` as stored and gathers nothing: the forward op's
+  cost minus its value gather, plus noise;
+* ``native layer``: a whole ``SparseDense(matmul="native")`` call (the op, the
+  reshapes and the bias).
 
     python benchmarks/csr_overhead.py
 """
@@ -32,6 +39,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import prune  # noqa: E402,F401  (sets TF_ENABLE_ONEDNN_SPMM before any graph is built)
+from prune import native  # noqa: E402
 from prune.layers.sparse import SparseDense  # noqa: E402
 
 INTRA, INTER, N, BATCH, K, CALLS = 2, 1, 1024, 256, 8, 40
@@ -69,7 +77,8 @@ def main() -> None:
     print(
         f"TensorFlow {tf.__version__}, intra_op={INTRA}, inter_op={INTER}, "
         f"TF_ENABLE_ONEDNN_SPMM={os.environ.get('TF_ENABLE_ONEDNN_SPMM')}; {N}x{N} weight, batch {BATCH}; "
-        f"per application inside one graph, K={K}"
+        f"per application inside one graph, K={K}; prune.native: {native.status().reason}; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     for sparsity in (0.9, 0.99):
         mask = rng.random((N, N)) >= sparsity
@@ -97,12 +106,25 @@ def main() -> None:
             "transpose": _pair(lambda x: tf.transpose(x)[:, :1], xs),
             "layer": _pair(layer, xs),
         }
+        lib = native.load()
+        if lib is not None:
+            nat = SparseDense.from_dense(w, mask, matmul="native")
+            st, v = nat.native_structure.value, nat.values.value
+            ops["native op"] = _pair(lambda x: lib.prune_spmm(x, v, st, n_in=N, n_out=N), xs)
+            ops["native dx op"] = _pair(lambda x: lib.prune_spmm(x, v, st, n_in=N, n_out=N, transpose=True), xs)
+            ops["native layer"] = _pair(nat, xs)
         ms = _per_application(ops)
         print(f"sparsity {sparsity:.2f} (nnz {layer.nnz}): " + " | ".join(f"{k} {v:.3f} ms" for k, v in ms.items()))
         print(
             f"  dense / csr kernel = {ms['dense'] / ms['csr kernel']:.2f}x; "
             f"dense / layer = {ms['dense'] / ms['layer']:.2f}x"
         )
+        if lib is not None:
+            print(
+                f"  dense / native op = {ms['dense'] / ms['native op']:.2f}x; "
+                f"dense / native layer = {ms['dense'] / ms['native layer']:.2f}x; "
+                f"value gather inside the op ~ {ms['native op'] - ms['native dx op']:.3f} ms"
+            )
 
 
 if __name__ == "__main__":

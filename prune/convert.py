@@ -196,7 +196,7 @@ def convert(model: Any, to: str, matmul: str = "auto") -> Any:
             ``"sparse"`` (``SparseDense``). See the module docstring for how
             the structure carries over.
         matmul: Kernel of the created ``SparseDense`` layers (``"auto"``,
-            ``"coo"``, ``"csr"``, ``"dense"``).
+            ``"native"``, ``"coo"``, ``"csr"``, ``"dense"``).
 
     Returns:
         The converted layer or model. Outputs agree with the input model's to

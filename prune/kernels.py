@@ -37,11 +37,21 @@ Forward and input-gradient kernels (``matmul=``):
   for 1M entries) and call the dense ``matmul``; best at low sparsity. When
   every entry is stored (0% sparsity), row-major ``values`` already is ``W``:
   a reshape replaces the scatter, and the values gradient's gather.
-* ``"auto"``: picks one of the three *at run time* from the cost model in
+* ``"native"``: the compiled ops of :mod:`prune.native` (float32): one op
+  for the forward product, one for the input gradient, one for the values
+  gradient, all reading ``values`` as stored and an int32 ``structure``
+  vector (CSR of ``W`` and ``W^T`` plus the permutation between them) that
+  ``SparseDense`` rebuilds only when its sparsity pattern changes. No
+  per-call format conversion, reorder or transpose happens outside the op.
+  When the library is unavailable (``PRUNE_NATIVE=0``, no compiler, failed
+  build; :func:`prune.native.load` warns once) or the dtype is not float32,
+  ``"native"`` behaves as ``"auto"`` over TensorFlow's kernels.
+* ``"auto"``: picks a kernel *at run time* from the cost model in
   :func:`estimate_ms` (batch and ``nnz`` may be unknown when the graph is
   traced: a ``SparseDense`` shrinks its values in place), via
-  ``tf.switch_case``. The backward pass chooses its input-gradient kernel the
-  same way.
+  ``tf.switch_case``: between ``"native"`` and ``"dense"`` when the native
+  library is loaded, else among ``"dense"``, ``"coo"`` and ``"csr"``. The
+  backward pass chooses its kernels the same way.
 
 Gradient with respect to ``values`` (``dW[i, j] = sum_b x[b, i] dy[b, j]`` at
 the stored ``(i, j)`` only). TF's own COO gradient materialises an
@@ -50,6 +60,8 @@ the stored ``(i, j)`` only). TF's own COO gradient materialises an
 * ``"dense"`` rule, at moderate density: ``gather_nd(x^T @ dy, indices)``.
   One ``[n_in, n_out]`` temporary, but the product runs in the multithreaded
   BLAS at ~0.015 ns per multiply-add, ~100x cheaper per term than a gather.
+* ``"native"`` rule (with the native library): the ``PruneSddmm`` op, the
+  same sampled product in one multithreaded, vectorised pass.
 * ``"sampled"`` rule, at very high sparsity (or batch 1): gather the needed
   rows of ``x^T`` and ``dy^T`` and reduce over the batch (a sampled
   dense-dense product, SDDMM; Nisa et al., "Sampled Dense Matrix
@@ -73,6 +85,8 @@ import tensorflow as tf
 __all__ = [
     "MATMULS",
     "KERNELS",
+    "NATIVE_KERNELS",
+    "native_library",
     "check_matmul",
     "check_structure",
     "transpose_structure",
@@ -84,9 +98,12 @@ __all__ = [
 ]
 
 KERNELS = ("dense", "coo", "csr")
-"""Concrete kernels, in the order of the ``tf.switch_case`` branches."""
+"""TensorFlow-op kernels, in the order of ``"auto"``'s ``tf.switch_case`` branches without the native library."""
 
-MATMULS = ("auto",) + KERNELS
+NATIVE_KERNELS = ("dense", "native")
+"""``"auto"``'s branches when the native library is loaded."""
+
+MATMULS = ("auto",) + KERNELS + ("native",)
 """Valid values of the ``matmul`` argument."""
 
 _SAMPLED_CHUNK_ELEMENTS = 1 << 21  # 2M products (8 MB per float32 operand) per chunk
@@ -108,6 +125,7 @@ _COST = {
     "dense": (409_100.0, 2.294, 0.005552, 0.6601, 0.008486),
     "coo": (534_100.0, 4.427, 1.665, 0.03273, 0.00215),
     "csr": (634_400.0, 11.21, 0.05796, 0.0163, 0.0004),
+    "native": (400_000.0, 1.5, 0.028, 0.0, 0.0),
 }
 # Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
 # gathers and a multiply-reduce per (entry, batch) term.
@@ -115,6 +133,7 @@ _GRAD_COST = {
     #             fixed   per_nnz per_term per_cell per_mac
     "dense": (20_000.0, 4.0, 0.0, 1.0, 0.0167),
     "sampled": (50_000.0, 18.0, 1.2, 0.0, 0.0),
+    "native": (20_000.0, 0.5, 0.05, 0.0, 0.0),
 }
 
 
@@ -213,14 +232,31 @@ def estimate_ms(kernel: str, batch: int, n_in: int, n_out: int, nnz: int) -> flo
     return float(sum(c * t for c, t in zip(coeffs, terms))) * 1e-6
 
 
-def choose_matmul(batch: int, n_in: int, n_out: int, nnz: int) -> str:
-    """The kernel ``"auto"`` runs for these sizes (host-side version of the run-time choice)."""
-    return min(KERNELS, key=lambda k: estimate_ms(k, batch, n_in, n_out, nnz))
+def native_library() -> Any | None:
+    """The native op library (:func:`prune.native.load`), or ``None`` when falling back."""
+    from prune import native
+
+    return native.load()
 
 
-def values_grad_rule(batch: int, n_in: int, n_out: int, nnz: int) -> str:
-    """``"dense"`` or ``"sampled"``: which values-gradient rule applies (see module docstring)."""
-    return min(("dense", "sampled"), key=lambda k: estimate_ms("grad_" + k, batch, n_in, n_out, nnz))
+def choose_matmul(batch: int, n_in: int, n_out: int, nnz: int, native: bool | None = None) -> str:
+    """The kernel ``"auto"`` runs for these sizes (host-side version of the run-time choice).
+
+    Args:
+        native: Whether the native library is in use; ``None`` asks :mod:`prune.native`.
+    """
+    if native is None:
+        native = native_library() is not None
+    names = NATIVE_KERNELS if native else KERNELS
+    if nnz == n_in * n_out:  # every entry stored: "dense" reshapes the values (see _dispatch)
+        return "dense"
+    return min(names, key=lambda k: estimate_ms(k, batch, n_in, n_out, nnz))
+
+
+def values_grad_rule(batch: int, n_in: int, n_out: int, nnz: int, native: bool = False) -> str:
+    """``"dense"``, ``"sampled"`` or ``"native"``: which values-gradient rule applies (see module docstring)."""
+    names = ("dense", "native") if native else ("dense", "sampled")
+    return min(names, key=lambda k: estimate_ms("grad_" + k, batch, n_in, n_out, nnz))
 
 
 def _argmin_branch(table: dict[str, tuple[float, ...]], names: tuple[str, ...], nnz: Any, batch: Any, n_in: int, n_out: int) -> Any:
@@ -375,6 +411,8 @@ def _dispatch(
     cells = n_in * n_out
     if static_nnz is not None:
         rename = {"dense": "dense_full"} if static_nnz == cells else {}
+        if choice == "auto" and static_nnz == cells:  # every entry stored: W is the values, no sparse kernel wins
+            return make("dense_full")
         if choice != "auto":
             return make(rename.get(choice, choice))
         index = _argmin_branch(table, names, nnz, batch, n_in, n_out)
@@ -385,8 +423,20 @@ def _dispatch(
     if choice != "auto":
         return make(choice)
     index = _argmin_branch(table, names, nnz, batch, n_in, n_out)
-    index = tf.where(tf.logical_and(full, tf.equal(index, names.index("dense"))), len(names), index)
+    index = tf.where(full, len(names), index)  # every entry stored: the reshape and one BLAS product
     return tf.switch_case(index, [lambda n=n: make(n) for n in names] + [lambda: make("dense_full")])
+
+
+def _native_forward(lib: Any, x: tf.Tensor, values: tf.Tensor, structure: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    return lib.prune_spmm(x, values, structure, n_in=n_in, n_out=n_out)
+
+
+def _native_input_grad(lib: Any, dy: tf.Tensor, values: tf.Tensor, structure: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    return lib.prune_spmm(dy, values, structure, n_in=n_in, n_out=n_out, transpose=True)
+
+
+def _native_values_grad(lib: Any, x: tf.Tensor, dy: tf.Tensor, values: tf.Tensor, structure: tf.Tensor, n_in: int, n_out: int) -> tf.Tensor:
+    return lib.prune_sddmm(x, dy, values, structure, n_in=n_in, n_out=n_out)
 
 
 def sparse_matmul(
@@ -398,6 +448,7 @@ def sparse_matmul(
     transpose_perm: Any = None,
     transpose_indices: Any = None,
     values_grad: str = "auto",
+    structure: Any = None,
 ) -> tf.Tensor:
     """``x @ W`` with ``W = SparseTensor(indices, values, dense_shape)``, differentiable in ``x`` and ``values``.
 
@@ -407,12 +458,16 @@ def sparse_matmul(
         indices: ``[nnz, 2]`` int64, row-major sorted, unique, in range (see
             :func:`check_structure`; not re-checked here, inside the graph).
         dense_shape: Static ``(n_in, n_out)``.
-        matmul: ``"auto"``, ``"coo"``, ``"csr"`` or ``"dense"`` (module docstring).
+        matmul: ``"auto"``, ``"coo"``, ``"csr"``, ``"dense"`` or ``"native"`` (module docstring).
         transpose_perm: Optional ``[nnz]`` from :func:`transpose_structure`;
             computed in the graph when omitted (only the CSR forward uses it).
         transpose_indices: Optional ``[nnz, 2]`` from :func:`transpose_structure`.
         values_grad: ``"auto"``, ``"dense"`` or ``"sampled"``: the rule for the
-            values gradient (module docstring).
+            values gradient (module docstring); with the native kernels
+            ``"sampled"`` is the native sampled product.
+        structure: Optional int32 vector from :func:`prune.native.structure`
+            for these indices; computed in the graph when omitted and the
+            native kernels run.
 
     Returns:
         ``[batch, n_out]`` tensor.
@@ -432,28 +487,48 @@ def sparse_matmul(
         transpose_indices = tf.cast(tf.convert_to_tensor(transpose_indices), tf.int64)
     else:  # computed inside the CSR branch only, so other kernels do not pay for the argsort
         transpose_perm = transpose_indices = None
+    lib = native_library() if matmul in ("auto", "native") and x.dtype == tf.float32 else None
+    if lib is not None:
+        from prune import native
+
+        structure = native.structure_tf(indices, n_in, n_out) if structure is None else tf.convert_to_tensor(structure)
+        names, grad_names = NATIVE_KERNELS, ("dense", "native")
+        grad_rule = {"sampled": "native"}.get(values_grad, values_grad)
+    else:
+        matmul = "auto" if matmul == "native" else matmul
+        names, grad_names, grad_rule = KERNELS, ("dense", "sampled"), values_grad
+
+    def forward(k: str, x: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        if k == "native":
+            return _native_forward(lib, x, values, structure, n_in, n_out)
+        return _forward(k, x, values, indices, transpose_perm, transpose_indices, n_in, n_out)
+
+    def input_grad(k: str, dy: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        if k == "native":
+            return _native_input_grad(lib, dy, values, structure, n_in, n_out)
+        return _input_grad(k, dy, values, indices, n_in, n_out)
+
+    def values_grad_of(r: str, x: tf.Tensor, dy: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        if r == "native":
+            return _native_values_grad(lib, x, dy, values, structure, n_in, n_out)
+        return _values_grad(r, x, dy, indices)
 
     @tf.custom_gradient
     def _op(x: tf.Tensor, values: tf.Tensor) -> Any:
         batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
         nnz, static_nnz = tf.shape(indices)[0], indices.shape[0]  # not values': see _dispatch
-        y = _dispatch(
-            matmul, _COST, KERNELS,
-            lambda k: _forward(k, x, values, indices, transpose_perm, transpose_indices, n_in, n_out),
-            nnz, static_nnz, batch, n_in, n_out,
-        )
+        y = _dispatch(matmul, _COST, names, lambda k: forward(k, x, values), nnz, static_nnz, batch, n_in, n_out)
         y = tf.ensure_shape(y, [x.shape[0], n_out])
 
         def grad(dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             dx = _dispatch(
-                matmul, _COST, KERNELS, lambda k: _input_grad(k, dy, values, indices, n_in, n_out),
-                nnz, static_nnz, batch, n_in, n_out,
+                matmul, _COST, names, lambda k: input_grad(k, dy, values), nnz, static_nnz, batch, n_in, n_out
             )
             dv = _dispatch(
-                values_grad,
-                {"dense": _GRAD_COST["dense"], "sampled": _GRAD_COST["sampled"]},
-                ("dense", "sampled"),
-                lambda r: _values_grad(r, x, dy, indices),
+                grad_rule,
+                {n: _GRAD_COST[n] for n in grad_names},
+                grad_names,
+                lambda r: values_grad_of(r, x, dy, values),
                 nnz, static_nnz, batch, n_in, n_out,
             )
             return tf.ensure_shape(dx, x.shape), tf.ensure_shape(dv, values.shape)

@@ -183,9 +183,10 @@ def test_trajectory_matches_masked_dense_under_schedule(optimizer):
         _masked_twin(w2, ones2, b2, pruning_schedule=schedule),
         10,
     )
+    # matmul="native": the compiled kernels (TensorFlow's under PRUNE_NATIVE=0).
     sparse = _model(
-        SparseDense.from_dense(w1, ones1, bias=b1, activation="tanh", pruning_schedule=schedule),
-        SparseDense.from_dense(w2, ones2, bias=b2, pruning_schedule=schedule),
+        SparseDense.from_dense(w1, ones1, bias=b1, activation="tanh", pruning_schedule=schedule, matmul="native"),
+        SparseDense.from_dense(w2, ones2, bias=b2, pruning_schedule=schedule, matmul="native"),
         10,
     )
     masked.compile(OPTIMIZERS[optimizer](), "mse")

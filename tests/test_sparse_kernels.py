@@ -115,10 +115,15 @@ def test_unknown_matmul():
 def test_cost_model_choices():
     # the documented regimes: dense at 0% sparsity, a sparse kernel at 99% (batch 256),
     # the dense values-gradient rule at 50% and the sampled one at 99.9%.
-    assert kernels.choose_matmul(256, 1024, 1024, 1024 * 1024) == "dense"
-    assert kernels.choose_matmul(256, 1024, 1024, 10_486) in ("coo", "csr")
+    # Without the native library (TensorFlow's kernels) and with it (native or densify).
+    assert kernels.choose_matmul(256, 1024, 1024, 1024 * 1024, native=False) == "dense"
+    assert kernels.choose_matmul(256, 1024, 1024, 10_486, native=False) in ("coo", "csr")
     assert kernels.values_grad_rule(256, 1024, 1024, 524_288) == "dense"
     assert kernels.values_grad_rule(256, 1024, 1024, 1_049) == "sampled"
+    assert kernels.choose_matmul(256, 1024, 1024, 1024 * 1024, native=True) == "dense"
+    assert kernels.choose_matmul(256, 1024, 1024, 209_715, native=True) == "native"  # 80% sparse
+    assert kernels.choose_matmul(1, 1024, 1024, 209_715, native=True) == "native"
+    assert kernels.values_grad_rule(256, 1024, 1024, 104_858, native=True) == "native"
 
 
 def test_import_prune_enables_onednn_spmm_unless_set(monkeypatch):
@@ -142,7 +147,11 @@ def test_run_time_choice_matches_host_model_with_static_and_dynamic_batch():
         for n_in, n_out in ((1024, 1024), (784, 300), (64, 8)):
             for density in (1.0, 0.5, 0.2, 0.1, 0.05, 0.01, 0.001):
                 nnz = int(round(density * n_in * n_out))
-                want = kernels.KERNELS.index(kernels.choose_matmul(batch, n_in, n_out, nnz))
-                for b in (batch, tf.constant(batch)):
-                    got = kernels._argmin_branch(kernels._COST, kernels.KERNELS, tf.constant(nnz), b, n_in, n_out)
-                    assert int(got) == want, (batch, n_in, n_out, nnz, b)
+                for native, names in ((False, kernels.KERNELS), (True, kernels.NATIVE_KERNELS)):
+                    if density == 1.0:  # every entry stored: dense (a reshape) without consulting the model
+                        assert kernels.choose_matmul(batch, n_in, n_out, nnz, native=native) == "dense"
+                        continue
+                    want = names.index(kernels.choose_matmul(batch, n_in, n_out, nnz, native=native))
+                    for b in (batch, tf.constant(batch)):
+                        got = kernels._argmin_branch(kernels._COST, names, tf.constant(nnz), b, n_in, n_out)
+                        assert int(got) == want, (batch, n_in, n_out, nnz, b, native)

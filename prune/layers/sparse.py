@@ -4,8 +4,19 @@ The weight is ``tf.SparseTensor(indices, values, [n_in, n_out])``: ``values``
 is a trainable ``[nnz]`` variable, ``indices`` a non-trainable int64
 ``[nnz, 2]`` variable beside it, row-major sorted, and ``values[k]`` belongs
 to ``indices[k]``. The product runs through :func:`prune.kernels.sparse_matmul`
-(``matmul="coo"|"csr"|"dense"|"auto"``), whose gradients reach ``values`` and
-the input only.
+(``matmul="native"|"coo"|"csr"|"dense"|"auto"``), whose gradients reach
+``values`` and the input only.
+
+Beside them the layer keeps what the kernels read, rebuilt only when the
+structure changes (in :meth:`SparseDense._set_structure`, which build,
+:meth:`SparseDense.compact` and loading go through): ``transpose_perm`` and
+``transpose_indices`` (``W^T`` in row-major order, for the CSR kernel) and
+``native_structure``, the int32 vector of :func:`prune.native.structure`
+(CSR of ``W`` and of ``W^T`` and the permutation between them) for the
+native kernels. ``values`` stay in ``W``'s row-major order, so the weight a
+user sees, the saved format and every mask driver are the same whichever
+kernel runs; the native forward pass gathers the values into ``W^T`` order
+inside its op (one pass over ``nnz``, about 0.1 ms at 100k entries).
 
 Design decision: **the layer shrinks in place as it is pruned.** At each mask
 update (eager, between training steps) :meth:`SparseDense.compact` drops the
@@ -63,7 +74,7 @@ import numpy as np
 import tensorflow as tf
 
 from prune._internals import backing_variable, set_backing_variable, set_variable_shape
-from prune import kernels
+from prune import kernels, native
 from prune import masks as _masks
 from prune.layers.masked import check_pruning_args
 from prune.optimizer_state import slots_for
@@ -109,8 +120,9 @@ class SparseDense(keras.layers.Layer):
         use_bias: Whether to add a bias.
         kernel_initializer: Initializer of the stored values (dense-shaped).
         bias_initializer: Initializer of the bias.
-        matmul: ``"auto"`` (default), ``"coo"``, ``"csr"`` or ``"dense"``; see
-            :mod:`prune.kernels`.
+        matmul: ``"auto"`` (default: native or densify when the native
+            library is built, else among TensorFlow's kernels), ``"native"``,
+            ``"coo"``, ``"csr"`` or ``"dense"``; see :mod:`prune.kernels`.
         sparsity: Fraction of absent entries of a randomly structured layer.
         seed: Seed of the random structure.
         nnz: Number of stored entries. Set by ``get_config`` so that a loaded
@@ -170,7 +182,7 @@ class SparseDense(keras.layers.Layer):
         self.pattern = pattern
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self.input_spec = keras.layers.InputSpec(min_ndim=2)
-        self.supports_jit = False  # CSR ops take variant tensors, and nnz is dynamic: no XLA
+        self.supports_jit = False  # CSR ops take variant tensors, native ops have no XLA kernel, nnz is dynamic
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -263,6 +275,11 @@ class SparseDense(keras.layers.Layer):
         self.pruning_step = self.add_weight(
             name="pruning_step", shape=(), initializer="zeros", dtype="int64", trainable=False
         )
+        # Last, so that files saved before it existed hold a prefix of the variables (see load_own_variables).
+        self.native_structure = self.add_weight(
+            name="native_structure", shape=(len(idx) * 3 + n_in + self.units + 2,), initializer="zeros",
+            dtype="int32", trainable=False,
+        )
         self._set_structure(idx, vals)
 
     def _initial_structure(self, n_in: int) -> tuple[np.ndarray, np.ndarray]:
@@ -284,6 +301,7 @@ class SparseDense(keras.layers.Layer):
         replaced |= _make_dynamic(self.indices, indices.astype(np.int64).reshape(-1, 2))
         replaced |= _make_dynamic(self.transpose_perm, perm)
         replaced |= _make_dynamic(self.transpose_indices, t_idx.reshape(-1, 2))
+        replaced |= _make_dynamic(self.native_structure, native.structure(indices, *self.dense_shape))
         return replaced
 
     # -- forward ---------------------------------------------------------------
@@ -303,6 +321,7 @@ class SparseDense(keras.layers.Layer):
             matmul=self.matmul,
             transpose_perm=self.transpose_perm.value,
             transpose_indices=self.transpose_indices.value,
+            structure=self.native_structure.value,
         )
         y = tf.reshape(y, tf.concat([shape[:-1], [self.units]], 0))
         y = tf.ensure_shape(y, x.shape[:-1].concatenate([self.units]))
@@ -323,7 +342,7 @@ class SparseDense(keras.layers.Layer):
         return int(self.values.shape[0])
 
     def _structural(self) -> tuple[Any, ...]:
-        return (self.values, self.indices, self.transpose_perm, self.transpose_indices)
+        return (self.values, self.indices, self.transpose_perm, self.transpose_indices, self.native_structure)
 
     def _sync_shapes(self) -> None:
         # tf.train.Checkpoint restores straight into the backing variables,
@@ -428,15 +447,18 @@ class SparseDense(keras.layers.Layer):
         # Lengths may differ from the placeholder built from config (e.g. a
         # checkpoint of another sparsity): reassign with the stored shapes.
         all_vars = self._trainable_variables + self._non_trainable_variables
-        if len(store.keys()) != len(all_vars):
+        # Files saved before native_structure existed lack that last variable: it is derived, so rebuild it.
+        if len(store.keys()) not in (len(all_vars), len(all_vars) - 1):
             raise ValueError(f"layer {self.name!r} expected {len(all_vars)} variables, the store has {len(store.keys())}")
-        for i, v in enumerate(all_vars):
+        for i, v in enumerate(all_vars[: len(store.keys())]):
             value = np.asarray(store[str(i)])
             structural = any(v is w for w in self._structural())
             if structural and value.shape[1:] == tuple(v.shape[1:]):
                 _make_dynamic(v, value)
             else:
                 v.assign(value)
+        if len(store.keys()) < len(all_vars):
+            _make_dynamic(self.native_structure, native.structure(self.indices.numpy(), *self.dense_shape))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

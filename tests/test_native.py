@@ -1,0 +1,189 @@
+"""Native sparse kernels: agreement with a dense reference, proof they ran, build cache and fallback paths."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from prune import kernels, native
+from prune.layers.sparse import SparseDense
+
+ROOT = Path(__file__).resolve().parents[1]
+FORCED_OFF = os.environ.get("PRUNE_NATIVE", "1").strip() == "0"
+needs_native = pytest.mark.skipif(FORCED_OFF, reason="PRUNE_NATIVE=0 forces the fallback")
+
+
+def _problem(n_in, n_out, batch, sparsity, seed, zero_row=False, zero_col=False):
+    rng = np.random.default_rng(seed)
+    mask = rng.random((n_in, n_out)) >= sparsity
+    if zero_row:
+        mask[n_in // 2] = False
+    if zero_col:
+        mask[:, n_out // 2] = False
+    w = (rng.standard_normal((n_in, n_out)) * mask).astype(np.float32)
+    x = rng.standard_normal((batch, n_in)).astype(np.float32)
+    dy = rng.standard_normal((batch, n_out)).astype(np.float32)
+    return mask, w, x, dy
+
+
+def _native_ops(fn, *args):
+    graph = fn.get_concrete_function(*args).graph
+    ops = {op.type for op in graph.get_operations()}
+    for f in graph._functions.values():  # gradient and switch branches live in nested functions
+        ops |= {node.op for node in f.definition.node_def}
+    return {op for op in ops if op.startswith("Prune")}
+
+
+# (n_in, n_out, batch, sparsity, empty row, empty column)
+SHAPES = [
+    (1, 1, 1, 0.0, False, False),
+    (1, 1, 3, 1.0, False, False),  # nnz 0
+    (7, 3, 17, 0.5, True, True),
+    (3, 11, 3, 0.3, True, False),
+    (33, 20, 256, 0.9, True, True),
+    (20, 45, 1, 0.8, False, True),
+    (64, 16, 17, 0.0, False, False),
+    (40, 40, 256, 1.0, False, False),  # nnz 0, full tiles
+]
+
+
+@needs_native
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"-s{s[3]}")
+def test_native_matches_dense_reference(shape, compiled):
+    n_in, n_out, batch, sparsity, zero_row, zero_col = shape
+    mask, w, x, dy = _problem(n_in, n_out, batch, sparsity, seed=n_in * 7 + batch, zero_row=zero_row, zero_col=zero_col)
+    idx = np.argwhere(mask).astype(np.int64)
+    structure = native.structure(idx, n_in, n_out)
+
+    def run(x, values):
+        with tf.GradientTape() as tape:
+            tape.watch([x, values])
+            # values_grad="sampled" is the native sampled product (auto takes xᵀ·dy when every entry is stored)
+            y = kernels.sparse_matmul(
+                x, values, idx, (n_in, n_out), matmul="native", structure=structure, values_grad="sampled"
+            )
+        return (y, *tape.gradient(y, [x, values], output_gradients=tf.constant(dy)))
+
+    fn = tf.function(run) if compiled else run
+    y, gx, gv = (t.numpy() for t in fn(tf.constant(x), tf.constant(w[mask])))
+    x64, w64, dy64 = x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64)
+    for got, want in ((y, x64 @ w64), (gx, dy64 @ w64.T), (gv, (x64.T @ dy64)[mask])):
+        assert got.shape == want.shape
+        scale = max(np.abs(want).max(initial=0.0), 1e-30)
+        assert np.abs(got - want).max(initial=0.0) <= 1e-5 * scale
+    if compiled:
+        assert _native_ops(fn, tf.constant(x), tf.constant(w[mask])) == {"PruneSpmm", "PruneSddmm"}
+
+
+@needs_native
+def test_native_path_is_the_one_exercised():
+    """The library was built or loaded (not the fallback), and a SparseDense graph runs its ops forward and backward."""
+    st = native.status()
+    assert st.available, st.reason
+    assert Path(st.path).is_file() and Path(st.path).parent == native.cache_dir()
+    layer = SparseDense(16, sparsity=0.8, matmul="native")
+    layer.build((None, 32))
+    x = tf.constant(np.random.default_rng(0).standard_normal((5, 32)).astype(np.float32))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x) ** 2)
+        return tape.gradient(loss, [layer.values])
+
+    step(x)
+    assert _native_ops(step, x) == {"PruneSpmm", "PruneSddmm"}
+    forward = step.get_concrete_function(x).graph
+    spmm = [op for op in forward.get_operations() if op.type == "PruneSpmm"]
+    assert sorted(op.get_attr("transpose") for op in spmm) == [False, True]  # forward and input gradient
+
+
+@needs_native
+def test_native_op_rejects_a_corrupt_structure():
+    lib = native.load()
+    idx = np.array([[0, 0], [1, 1]], np.int64)
+    good = native.structure(idx, 2, 2)
+    lib.prune_spmm(np.ones((9, 2), np.float32), np.ones(2, np.float32), good, n_in=2, n_out=2)
+    bad = good.copy()
+    bad[3] = 7  # a column of W beyond n_out
+    for batch in (1, 9):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
+            lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad, n_in=2, n_out=2, transpose=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="structure must have"):
+        lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(3, np.float32), good, n_in=2, n_out=2)
+
+
+def test_auto_and_native_layers_match_dense_layer_in_this_mode():
+    # Whatever mode the suite runs in (native or PRUNE_NATIVE=0), "native" and "auto" compute x @ W + b.
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((12, 9)).astype(np.float32)
+    mask = rng.random((12, 9)) > 0.7
+    x = rng.standard_normal((4, 12)).astype(np.float32)
+    for matmul in ("native", "auto"):
+        layer = SparseDense.from_dense(w, mask, matmul=matmul)
+        np.testing.assert_allclose(layer(x).numpy(), x @ (w * mask), rtol=1e-5, atol=1e-6)
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import prune
+    from prune import native
+    imported_clean = native._state == {}  # import prune neither built nor loaded anything
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import numpy as np
+        from prune.layers.sparse import SparseDense
+        layer = SparseDense.from_dense(np.eye(3, dtype="float32"), np.eye(3), matmul="native")
+        y = layer(np.arange(6, dtype="float32").reshape(2, 3)).numpy()
+        layer(y)  # a second call: still one warning
+    st = native.status()
+    print(json.dumps(dict(imported_clean=imported_clean, available=st.available, reason=st.reason, built=st.built,
+                          y=y.tolist(), warnings=[str(w.message) for w in caught if "native" in str(w.message)])))
+    """
+)
+
+
+def _child(env_updates: dict, cache: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("PRUNE_NATIVE", "CXX")}
+    env.update(PYTHONPATH=str(ROOT), PRUNE_NATIVE_CACHE=str(cache), TF_CPP_MIN_LOG_LEVEL="3", **env_updates)
+    return subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_fresh_build_by_concurrent_processes_and_every_fallback(tmp_path):
+    """Two processes on an empty cache build once and both load; PRUNE_NATIVE=0 and a failing compiler fall back."""
+    fresh, off, broken = tmp_path / "fresh", tmp_path / "off", tmp_path / "broken"
+    procs = [_child({"PRUNE_NATIVE": "1"}, fresh), _child({"PRUNE_NATIVE": "1"}, fresh),
+             _child({"PRUNE_NATIVE": "0"}, off), _child({"PRUNE_NATIVE": "1", "CXX": "/bin/false"}, broken)]
+    first, second, forced, failed = (_result(p) for p in procs)
+    want = [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    for res in (first, second, forced, failed):
+        assert res["imported_clean"]
+        assert res["y"] == want
+    # One process compiled, the other waited on the lock and loaded the same file.
+    assert first["available"] and second["available"], (first, second)
+    assert sorted([first["built"], second["built"]]) == [False, True]
+    assert first["warnings"] == second["warnings"] == []
+    assert len(list(fresh.glob("*.so"))) == 1 and not list(fresh.glob("*.tmp*"))
+    # Forced fallback: said once, with the reason.
+    assert not forced["available"] and forced["reason"] == "PRUNE_NATIVE=0"
+    assert len(forced["warnings"]) == 1 and "PRUNE_NATIVE=0" in forced["warnings"][0]
+    assert not off.exists()  # nothing built
+    # Failing compiler: said once, the reason names the failed build, the log is kept and no library appears.
+    assert not failed["available"] and "build failed" in failed["reason"], failed
+    assert len(failed["warnings"]) == 1
+    assert len(list(broken.glob("*.failed"))) == 1 and not list(broken.glob("*.so"))
