@@ -24,8 +24,12 @@ def test_layer_speed_writes_every_implementation_and_measure(tmp_path):
     if os.environ.get("PRUNE_NATIVE", "1").strip() != "0":  # the native kernels are measured when they load
         impls.add("native")
     assert set(df["impl"]) == impls
-    assert set(df["mode"]) == {"forward", "train_step", "forward_graph", "train_step_graph"}
-    assert len(df) == 2 * len(impls) * 4  # sparsities x implementations x measures
-    assert (df.loc[df["mode"].isin(["forward", "train_step"]), "median_ms"] > 0).all()
+    one_call = df[df["mode"].isin(["forward", "train_step"])]
+    assert len(one_call) == 2 * len(impls) * 2  # sparsities x implementations x one-call measures
+    assert (one_call["median_ms"] > 0).all()
+    # In-graph measures are differences of medians: on a layer this small some fall to or below zero
+    # and are dropped as noise; the rest are positive.
+    in_graph = df[df["mode"].isin(["forward_graph", "train_step_graph"])]
+    assert 0 < len(in_graph) <= 2 * len(impls) * 2 and (in_graph["median_ms"] > 0).all()
     report = out.with_suffix(".md").read_text()
     assert "## Crossover sparsity" in report and "in graph" in report and "## Targets of issue 12" in report
