@@ -105,7 +105,7 @@ class ConfigError(ValueError):
 
 def _choice(path: str, value: str, valid: tuple[str, ...], what: str) -> None:
     if value not in valid:
-        close = difflib.get_close_matches(value, valid, n=1)
+        close = [v for v in valid if v.lower() == str(value).lower()] or difflib.get_close_matches(value, valid, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(path, f"unknown {what} {value!r}{hint} (valid: {', '.join(valid)})")
 
