@@ -129,7 +129,8 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     Returns:
         A dict with ``final``, ``curves``, ``step_times``, ``fit_seconds``,
         ``eval_seconds``, ``report`` (DataFrame), ``model_bytes``,
-        ``checkpoint_bytes``, ``latency_b1_ms``, ``latency_b256_ms``.
+        ``checkpoint_bytes``, ``latency_b1_ms``, ``latency_b256_ms``, and
+        ``kernels`` (the final dense kernels by layer, zeros in place).
     """
     import keras
     import tensorflow as tf
@@ -170,17 +171,16 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
 
         dense_equiv = convert(model, to="dense")
         status = "pruned"
+    kernels = _kernels(dense_equiv)
     report = weight_report(
-        [
-            (layer, w, value, positions.get(layer, 1.0), status)
-            for layer, ws in _kernels(dense_equiv).items()
-            for w, value in ws
-        ]
+        [(layer, w, value, positions.get(layer, 1.0), status) for layer, ws in kernels.items() for w, value in ws]
     )
     predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
-    return run_outcome(
+    out = run_outcome(
         result, report, predict, data.x_test, model, run_dir / "checkpoint.weights.h5", _variable_bytes(model), "keras"
     )
+    out["kernels"] = {layer: ws[0][1] for layer, ws in kernels.items()}  # final dense kernels, for tests
+    return out
 
 
 def _sparse_tensor_setup(run: RunConfig, data: Data, plain: Any, spe: int) -> tuple[Any, list[Any]]:
