@@ -8,8 +8,12 @@ sweep before anything runs:
 * unknown keys are rejected with the closest valid key (``difflib``);
 * wrong types and out-of-range values raise :class:`ConfigError` naming the
   field by its path (``training.learning_rate``, ``implementations[2].matmul``);
-* unknown implementation, model, dataset, schedule or optimizer names list the
-  valid ones.
+* unknown implementation, model, dataset, schedule, optimizer, pattern,
+  criterion or distribution names list the valid ones;
+* combinations that cannot run (tfmot with a criterion other than magnitude, a
+  distribution other than layer or the channel pattern; nm with a
+  distribution other than layer; block on lenet5's 4-D kernels) are refused,
+  naming the grid cell.
 
 A run is identified by :func:`config_hash`: the SHA-256 of its canonical JSON
 with every field at its default left out (open_lth's ``hashname``), so adding a
@@ -23,9 +27,11 @@ Example sweep file::
     seeds = [0]
     models = ["lenet300", {name = "mlp", widths = [64, 32]}]
     datasets = ["digits"]
-    patterns = ["unstructured", {name = "nm", m = 2, n = 4}, {name = "block", size = [4, 4], pooling = "AVG"}]
-    criteria = ["magnitude", "snip", "random"]
-    distributions = ["layer", "global", "erk"]
+    # pruning axes (defaults: unstructured, magnitude, layer); tfmot takes magnitude and layer
+    # only, an nm pattern layer only, so this grid would be refused with them uncommented:
+    # patterns = ["unstructured", {name = "nm", m = 2, n = 4}, {name = "block", size = [4, 4], pooling = "AVG"}]
+    # criteria = ["magnitude", "snip", "random"]
+    # distributions = ["layer", "global", "erk"]
 
     [[schedules]]
     kind = "polynomial"      # constant | polynomial | one_shot
