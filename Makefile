@@ -28,6 +28,7 @@ test-fast: $(STAMP)
 
 figures: $(STAMP)
 	$(PY) -m experiments figures paper
+	$(PY) -m experiments figures patterns
 
 bench: $(STAMP)
 	$(PY) benchmarks/fit_step.py

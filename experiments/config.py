@@ -8,8 +8,12 @@ sweep before anything runs:
 * unknown keys are rejected with the closest valid key (``difflib``);
 * wrong types and out-of-range values raise :class:`ConfigError` naming the
   field by its path (``training.learning_rate``, ``implementations[2].matmul``);
-* unknown implementation, model, dataset, schedule or optimizer names list the
-  valid ones.
+* unknown implementation, model, dataset, schedule, optimizer, pattern,
+  criterion or distribution names list the valid ones;
+* combinations that cannot run (tfmot with a criterion other than magnitude, a
+  distribution other than layer or the channel pattern; nm with a
+  distribution other than layer; block on lenet5's 4-D kernels) are refused,
+  naming the grid cell.
 
 A run is identified by :func:`config_hash`: the SHA-256 of its canonical JSON
 with every field at its default left out (open_lth's ``hashname``), so adding a
@@ -23,6 +27,11 @@ Example sweep file::
     seeds = [0]
     models = ["lenet300", {name = "mlp", widths = [64, 32]}]
     datasets = ["digits"]
+    # pruning axes (defaults: unstructured, magnitude, layer); tfmot takes magnitude and layer
+    # only, an nm pattern layer only, so this grid would be refused with them uncommented:
+    # patterns = ["unstructured", {name = "nm", m = 2, n = 4}, {name = "block", size = [4, 4], pooling = "AVG"}]
+    # criteria = ["magnitude", "snip", "random"]
+    # distributions = ["layer", "global", "erk"]
 
     [[schedules]]
     kind = "polynomial"      # constant | polynomial | one_shot
@@ -57,6 +66,7 @@ __all__ = [
     "ImplementationConfig",
     "ScheduleConfig",
     "TrainingConfig",
+    "PatternConfig",
     "RunConfig",
     "SweepConfig",
     "IMPLEMENTATIONS",
@@ -65,6 +75,9 @@ __all__ = [
     "SCHEDULES",
     "OPTIMIZERS",
     "MATMULS",
+    "PATTERNS",
+    "CRITERIA",
+    "DISTRIBUTIONS",
     "load_sweep",
     "parse_sweep",
     "from_dict",
@@ -80,6 +93,11 @@ SCHEDULES = ("constant", "polynomial", "one_shot")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MATMULS = ("coo", "csr", "auto")
 UNITS = ("epochs", "steps")
+PATTERNS = ("unstructured", "block", "nm", "channel")
+POOLINGS = ("AVG", "MAX")
+CRITERIA = ("magnitude", "random", "snip", "taylor", "movement")
+GRADIENT_CRITERIA = ("snip", "taylor", "movement")
+DISTRIBUTIONS = ("layer", "global", "erk")
 
 
 class ConfigError(ValueError):
@@ -93,7 +111,7 @@ class ConfigError(ValueError):
 
 def _choice(path: str, value: str, valid: tuple[str, ...], what: str) -> None:
     if value not in valid:
-        close = difflib.get_close_matches(value, valid, n=1)
+        close = [v for v in valid if v.lower() == str(value).lower()] or difflib.get_close_matches(value, valid, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(path, f"unknown {what} {value!r}{hint} (valid: {', '.join(valid)})")
 
@@ -271,10 +289,100 @@ class TrainingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PatternConfig:
+    """Which entries are pruned together (:mod:`prune.patterns`).
+
+    Attributes:
+        name: ``unstructured`` (one entry, the default), ``block`` (an
+            ``r x c`` tile of a 2-D weight), ``nm`` (``m`` zeros in every
+            ``n`` consecutive weights along the input axis, tfmot's
+            ``sparsity_m_by_n=(m, n)``) or ``channel`` (whole output units).
+        m: nm only: zeros per group, ``0 <= m < n``.
+        n: nm only: group length.
+        size: block only: ``[r, c]``, positive.
+        pooling: block only: ``AVG`` or ``MAX``, how a tile's scores pool.
+    """
+
+    name: str = "unstructured"
+    m: int = 2
+    n: int = 4
+    size: tuple[int, ...] = (4, 4)
+    pooling: str = "AVG"
+
+    def __post_init__(self) -> None:
+        _choice("name", self.name, PATTERNS, "pattern")
+        _choice("pooling", self.pooling, POOLINGS, "pooling")
+        own = {"nm": ("m", "n"), "block": ("size", "pooling")}.get(self.name, ())
+        for key in ("m", "n", "size", "pooling"):
+            if key not in own and getattr(self, key) != _PATTERN_DEFAULTS[key]:
+                takes = "nm" if key in ("m", "n") else "block"
+                raise ConfigError(key, f"only pattern {takes!r} takes {key}, not {self.name!r}")
+        _range("n", self.n, 1)
+        if not 0 <= self.m < self.n:
+            raise ConfigError("m", f"must satisfy 0 <= m < n (n = {self.n}), got {self.m!r}")
+        if len(self.size) != 2:
+            raise ConfigError("size", f"must be two integers [r, c], got {list(self.size)!r}")
+        for i, d in enumerate(self.size):
+            _range(f"size[{i}]", d, 1)
+
+    @property
+    def fixed_sparsity(self) -> float | None:
+        """``m / n`` for ``nm``, whose sparsity the pattern fixes (the schedule only says when); else None."""
+        return self.m / self.n if self.name == "nm" else None
+
+    @property
+    def label(self) -> str:
+        """Short name for tables: ``unstructured``, ``2:4``, ``block4x4``, ``block4x4-max``, ``channel``."""
+        if self.name == "nm":
+            return f"{self.m}:{self.n}"
+        if self.name == "block":
+            return f"block{self.size[0]}x{self.size[1]}" + ("-max" if self.pooling == "MAX" else "")
+        return self.name
+
+    def library_kwargs(self) -> dict[str, Any]:
+        """``pattern=`` for :func:`prune.prune_low_magnitude` (imports prune lazily)."""
+        import prune
+
+        if self.name == "nm":
+            return {"pattern": prune.NByM(self.m, self.n)}
+        if self.name == "block":
+            return {"pattern": prune.Block((int(self.size[0]), int(self.size[1])), self.pooling)}
+        if self.name == "channel":
+            return {"pattern": prune.Channel()}
+        return {"pattern": prune.Unstructured()}
+
+    def tfmot_kwargs(self) -> dict[str, Any]:
+        """tfmot's ``prune_low_magnitude`` arguments (``block_size``, ``block_pooling_type``, ``sparsity_m_by_n``)."""
+        if self.name == "nm":
+            return {"sparsity_m_by_n": (self.m, self.n)}
+        if self.name == "block":
+            return {"block_size": (int(self.size[0]), int(self.size[1])), "block_pooling_type": self.pooling}
+        if self.name == "channel":
+            raise ValueError("tfmot has no channel pattern")  # RunConfig rejects this cell first
+        return {}
+
+
+_PATTERN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PatternConfig)}
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """One cell of the grid: everything that decides a run's result.
 
-    ``dense`` runs have ``sparsity = 0`` and no schedule.
+    ``dense`` runs have ``sparsity = 0``, no schedule and the default
+    pattern, criterion and distribution. The last three are new fields with
+    defaults that reproduce the runs made before they existed (unstructured,
+    magnitude, layer), so those runs keep their hashes and run ids.
+
+    Attributes:
+        pattern: Which entries are pruned together.
+        criterion: Score of an entry (:data:`CRITERIA`): ``magnitude``,
+            ``random``, or one that needs gradients (``snip``, ``taylor``,
+            ``movement``; the Keras 3 implementations give them a fixed
+            training batch).
+        distribution: How the sparsity spreads over layers (prune's
+            ``scope``): ``layer`` (each weight at the target), ``global`` (one
+            threshold) or ``erk`` (Erdős–Rényi-Kernel).
     """
 
     implementation: ImplementationConfig
@@ -284,12 +392,23 @@ class RunConfig:
     training: TrainingConfig = TrainingConfig()
     sparsity: float = 0.0
     schedule: ScheduleConfig | None = None
+    pattern: PatternConfig = PatternConfig()
+    criterion: str = "magnitude"
+    distribution: str = "layer"
 
     def __post_init__(self) -> None:
         _range("seed", self.seed, 0, 2**31 - 1)
         _range("sparsity", self.sparsity, 0.0, 1.0, hi_open=True)
-        if self.implementation.name == "dense" and (self.sparsity != 0.0 or self.schedule is not None):
+        _choice("criterion", self.criterion, CRITERIA, "criterion")
+        _choice("distribution", self.distribution, DISTRIBUTIONS, "distribution")
+        impl = self.implementation.name
+        if impl == "dense" and (self.sparsity != 0.0 or self.schedule is not None):
             raise ConfigError("sparsity", "dense runs take no sparsity or schedule")
+        if impl == "dense" and (
+            self.pattern != PatternConfig() or self.criterion != "magnitude" or self.distribution != "layer"
+        ):
+            raise ConfigError("pattern", "dense runs take no pattern, criterion or distribution")
+        self._check_pruning(impl)
         if self.implementation.name != "dense" and self.schedule is None:
             raise ConfigError("schedule", f"implementation {self.implementation.name!r} needs a schedule")
         s = self.schedule
@@ -303,6 +422,36 @@ class RunConfig:
                 )
         if self.model.name == "lenet5" and self.dataset.name == "synthetic":
             raise ConfigError("model", "lenet5 needs an image dataset; 'synthetic' is a flat vector")
+
+    def _check_pruning(self, impl: str) -> None:
+        """Combinations of pattern, criterion, distribution and implementation that cannot run."""
+        p = self.pattern
+        fixed = p.fixed_sparsity
+        if impl != "dense" and fixed is not None and self.sparsity != fixed:
+            raise ConfigError(
+                "sparsity",
+                f"pattern {p.label!r} fixes the sparsity at m/n = {fixed:g} (the schedule only says when), "
+                f"got {self.sparsity!r}; the grid sets it for you",
+            )
+        if fixed is not None and self.distribution != "layer":
+            raise ConfigError(
+                "distribution", f"pattern {p.label!r} fixes every group's sparsity, so it needs 'layer', not {self.distribution!r}"
+            )
+        if p.name == "block" and self.model.name == "lenet5":
+            raise ConfigError("pattern", "block needs 2-D weights; lenet5 has 4-D Conv2D kernels (use lenet300 or mlp)")
+        if impl == "tfmot":
+            if self.criterion != "magnitude":
+                raise ConfigError(
+                    "criterion", f"tfmot prunes by magnitude only; {self.criterion!r} runs with 'masked' or 'sparse_tensor'"
+                )
+            if self.distribution != "layer":
+                raise ConfigError(
+                    "distribution",
+                    f"tfmot gives every layer the scheduled sparsity ('layer'); {self.distribution!r} runs with "
+                    "'masked' or 'sparse_tensor'",
+                )
+            if p.name == "channel":
+                raise ConfigError("pattern", "tfmot has no channel pattern; it runs with 'masked' or 'sparse_tensor'")
 
     @property
     def run_id(self) -> str:
@@ -322,6 +471,10 @@ class SweepConfig:
         datasets: Axis; strings or tables ``{name = ..., ...}``.
         seeds: Axis of seeds.
         schedules: Axis of schedules (``[[schedules]]`` tables).
+        patterns: Axis; strings or tables ``{name = "nm", m = 2, n = 4}``,
+            ``{name = "block", size = [4, 4], pooling = "AVG"}``.
+        criteria: Axis of criteria (:data:`CRITERIA`).
+        distributions: Axis of distributions (:data:`DISTRIBUTIONS`).
         training: Shared optimizer and loop settings.
     """
 
@@ -332,14 +485,22 @@ class SweepConfig:
     datasets: tuple[DatasetConfig, ...]
     seeds: tuple[int, ...] = (0,)
     schedules: tuple[ScheduleConfig, ...] = (ScheduleConfig(),)
+    patterns: tuple[PatternConfig, ...] = (PatternConfig(),)
+    criteria: tuple[str, ...] = ("magnitude",)
+    distributions: tuple[str, ...] = ("layer",)
     training: TrainingConfig = TrainingConfig()
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_" for c in self.name):
             raise ConfigError("name", f"must be non-empty letters, digits, '-' or '_', got {self.name!r}")
-        for axis in ("implementations", "sparsities", "models", "datasets", "seeds", "schedules"):
+        axes = ("implementations", "sparsities", "models", "datasets", "seeds", "schedules", "patterns", "criteria")
+        for axis in (*axes, "distributions"):
             if not getattr(self, axis):
                 raise ConfigError(axis, "is empty, so the grid is empty; give at least one value")
+        for i, c in enumerate(self.criteria):
+            _choice(f"criteria[{i}]", c, CRITERIA, "criterion")
+        for i, d in enumerate(self.distributions):
+            _choice(f"distributions[{i}]", d, DISTRIBUTIONS, "distribution")
         for i, s in enumerate(self.sparsities):
             _range(f"sparsities[{i}]", s, 0.0, 1.0, hi_open=True)
         for i, s in enumerate(self.seeds):
@@ -348,7 +509,13 @@ class SweepConfig:
 
 # -- generic typed construction from plain data ----------------------------------
 # Which dataclass fields may be written as a bare string (the ``name``).
-_SHORTHAND = {DatasetConfig: "name", ModelConfig: "name", ImplementationConfig: "name", ScheduleConfig: "kind"}
+_SHORTHAND = {
+    DatasetConfig: "name",
+    ModelConfig: "name",
+    ImplementationConfig: "name",
+    ScheduleConfig: "kind",
+    PatternConfig: "name",
+}
 
 
 def _type_name(tp: Any) -> str:

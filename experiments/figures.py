@@ -20,6 +20,12 @@ and ``main_table.tex``: accuracy ± std and speed by implementation × sparsity
 (pandas ``to_latex``). A sweep with several (dataset, model) pairs gets one set
 per pair, suffixed ``_<dataset>_<model>``.
 
+A sweep whose sparse runs differ in pattern, criterion or distribution (the
+runner's pruning axes, e.g. ``experiments/configs/patterns.toml``) gets one
+figure instead, ``accuracy_by_pattern``: accuracy by pattern and criterion at
+each sparsity, with the dense band. The figures above have one line per
+implementation and would mix those runs.
+
 Byte-identical output: every figure is drawn with the project style file
 (``experiments/paper.mplstyle``: fonts shipped with matplotlib, fixed sizes and
 dpi, ``svg.hashsalt``), from rows sorted into one fixed order, into figures
@@ -118,12 +124,23 @@ def load_sweep_with_diverged(
     for name, path in (("runs.csv", runs_path), ("curves.csv", curves_path)):
         if not path.is_file():
             raise ValueError(f"sweep {sweep!r}: {name} missing ({str(path)!r} is not a file)")
-    runs = pd.read_csv(runs_path, dtype={"run_id": str, "matmul": str, "status": str, "implementation": str})
+    runs = pd.read_csv(
+        runs_path,
+        dtype={"run_id": str, "matmul": str, "status": str, "implementation": str}
+        | {c: str for c in ("pattern", "criterion", "distribution")},
+    )
     for col in _RUN_NUMERIC:
         if col in runs.columns:
             runs[col] = pd.to_numeric(runs[col], errors="coerce")
         elif col not in ("target_sparsity", "seed", "test_accuracy"):  # optional: its figure is skipped
             runs[col] = float("nan")
+    from experiments.plotting import AXIS_DEFAULTS
+
+    for col, default in AXIS_DEFAULTS.items():  # a table from before the pruning axes: the defaults it ran with
+        if col not in runs.columns:
+            runs[col] = default
+        runs[col] = runs[col].fillna(default).astype(str)
+        runs.loc[runs["implementation"] == "dense", col] = ""
     for col in ("dataset", "model"):  # an older or hand-made table: one unnamed pair
         if col not in runs.columns:
             runs[col] = "unknown"
@@ -297,9 +314,13 @@ def draw_figures(
             files[f"{name}.{fmt}"] = render(fig, fmt)
 
     pairs = runs[["dataset", "model"]].drop_duplicates().sort_values(["dataset", "model"]).values.tolist()
+    axes_sweep = plotting.varies_pruning_axes(runs)
     for dataset, model in pairs:
         sub = runs[(runs["dataset"] == dataset) & (runs["model"] == model)].reset_index(drop=True)
         sfx = f"_{dataset}_{model}" if len(pairs) > 1 else ""
+        if axes_sweep:
+            add(f"accuracy_by_pattern{sfx}", lambda: plotting.plot_accuracy_by_pattern(sub))
+            continue
         s = _choose_curve_sparsity(sub, curve_sparsity)
         div = None
         if not diverged_all.empty:
@@ -314,7 +335,7 @@ def draw_figures(
             "Step time is the median training step relative to the mean dense step."
         ).replace("_", r"\_")
         files[f"main_table{sfx}.tex"] = _latex(main_table(sub, div), caption).encode()
-    if bench is not None:
+    if bench is not None and not axes_sweep:
         speed = plotting.layer_speedups(bench)
         for n_in, n_out, mode in speed[["n_in", "n_out", "mode"]].drop_duplicates().values.tolist():
             add(

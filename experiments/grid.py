@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from experiments.config import ConfigError, RunConfig, SweepConfig
+from experiments.config import ConfigError, PatternConfig, RunConfig, SweepConfig
 
 __all__ = ["expand"]
 
@@ -13,8 +13,11 @@ def expand(sweep: SweepConfig) -> list[RunConfig]:
     """Every run of the sweep, in a fixed order, without duplicates.
 
     The grid is datasets x models x seeds x implementations x schedules x
-    sparsities. ``dense`` ignores sparsity and schedule, so it appears once
-    per (dataset, model, seed). Runs with the same hash (e.g. a sparsity
+    patterns x criteria x distributions x sparsities. ``dense`` ignores
+    sparsity, schedule, pattern, criterion and distribution, so it appears
+    once per (dataset, model, seed). An ``nm`` pattern fixes the sparsity at
+    m/n (the schedule only says when), so its runs get that sparsity whatever
+    ``sparsities`` says, once. Runs with the same hash (e.g. a sparsity
     listed twice) are kept once.
 
     Raises:
@@ -26,10 +29,17 @@ def expand(sweep: SweepConfig) -> list[RunConfig]:
         sweep.datasets, sweep.models, sweep.seeds, sweep.implementations
     ):
         if impl.name == "dense":
-            cells = [(0.0, None)]
+            cells = [(0.0, None, PatternConfig(), "magnitude", "layer")]
         else:
-            cells = [(s, sch) for sch in sweep.schedules for s in sweep.sparsities]
-        for sparsity, schedule in cells:
+            cells = [
+                (s if pat.fixed_sparsity is None else pat.fixed_sparsity, sch, pat, crit, dist)
+                for sch in sweep.schedules
+                for pat in sweep.patterns
+                for crit in sweep.criteria
+                for dist in sweep.distributions
+                for s in sweep.sparsities
+            ]
+        for sparsity, schedule, pattern, criterion, distribution in cells:
             try:
                 run = RunConfig(
                     implementation=impl,
@@ -39,9 +49,14 @@ def expand(sweep: SweepConfig) -> list[RunConfig]:
                     training=sweep.training,
                     sparsity=sparsity,
                     schedule=schedule,
+                    pattern=pattern,
+                    criterion=criterion,
+                    distribution=distribution,
                 )
             except ConfigError as e:
                 where = f"datasets={dataset.name!r}, models={model.label!r}, implementations={impl.label!r}"
+                if impl.name != "dense":
+                    where += f", patterns={pattern.label!r}, criteria={criterion!r}, distributions={distribution!r}"
                 raise ConfigError(e.path, f"{e.message} (grid cell {where})") from None
             runs.setdefault(run.run_id, run)
     if not runs:

@@ -53,7 +53,7 @@ from experiments.data import Data
 from experiments.models import seeded_model
 from experiments.train import make_optimizer, run_outcome, steps_per_epoch, train, weight_report
 
-__all__ = ["train_keras3", "library_schedule", "schedule_args"]
+__all__ = ["train_keras3", "library_schedule", "schedule_args", "pruning_kwargs", "gradient_batch", "update_step"]
 
 
 def schedule_args(run: RunConfig, spe: int) -> tuple[str, dict[str, Any]]:
@@ -83,6 +83,37 @@ def library_schedule(run: RunConfig, spe: int) -> Any:
     return getattr(prune, name)(**args)
 
 
+def pruning_kwargs(run: RunConfig) -> dict[str, Any]:
+    """``prune_low_magnitude``'s ``pattern``, ``criterion``, ``scope`` and ``seed`` for ``run``.
+
+    At the defaults (unstructured, magnitude, layer) these are prune's own
+    defaults, so a run made before the axes existed is reproduced exactly.
+    """
+    return dict(**run.pattern.library_kwargs(), criterion=run.criterion, scope=run.distribution, seed=run.seed)
+
+
+def gradient_batch(run: RunConfig, data: Data) -> tuple[np.ndarray, np.ndarray] | None:
+    """The fixed batch a gradient criterion scores on: the first ``batch_size`` training examples.
+
+    The same batch at every mask update and in every implementation, so SNIP
+    (Lee et al., ICLR 2019), Taylor and movement scores do not depend on where
+    the data order is; ``None`` for criteria that need no gradient.
+    """
+    from experiments.config import GRADIENT_CRITERIA
+
+    if run.criterion not in GRADIENT_CRITERIA:
+        return None
+    n = run.training.batch_size
+    return data.x_train[:n], data.y_train[:n]
+
+
+def update_step(run: RunConfig, data: Data) -> Any:
+    """``prune.UpdatePruningStep``, with :func:`gradient_batch` when the criterion needs gradients."""
+    import prune
+
+    return prune.UpdatePruningStep(gradient_data=gradient_batch(run, data))
+
+
 def _kernels(model: Any) -> dict[str, list[tuple[str, np.ndarray]]]:
     """Dense kernels of a plain model, by layer name."""
     return {layer.name: [("kernel", np.asarray(layer.kernel.numpy()))] for layer in model.layers if hasattr(layer, "kernel")}
@@ -98,7 +129,8 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     Returns:
         A dict with ``final``, ``curves``, ``step_times``, ``fit_seconds``,
         ``eval_seconds``, ``report`` (DataFrame), ``model_bytes``,
-        ``checkpoint_bytes``, ``latency_b1_ms``, ``latency_b256_ms``.
+        ``checkpoint_bytes``, ``latency_b1_ms``, ``latency_b256_ms``, and
+        ``kernels`` (the final dense kernels by layer, zeros in place).
     """
     import keras
     import tensorflow as tf
@@ -116,10 +148,10 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     if impl == "dense":
         model = plain
     elif impl == "masked":
-        model = prune.prune_low_magnitude(plain, library_schedule(run, spe), seed=run.seed)
-        callbacks = [prune.UpdatePruningStep()]
+        model = prune.prune_low_magnitude(plain, library_schedule(run, spe), **pruning_kwargs(run))
+        callbacks = [update_step(run, data)]
     elif impl == "sparse_tensor":
-        model, callbacks = _sparse_tensor_setup(run, plain, spe)
+        model, callbacks = _sparse_tensor_setup(run, data, plain, spe)
     else:
         raise ValueError(f"implementation {impl!r} does not run in a Keras 3 process")
     compile_model(model)
@@ -139,28 +171,27 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
 
         dense_equiv = convert(model, to="dense")
         status = "pruned"
+    kernels = _kernels(dense_equiv)
     report = weight_report(
-        [
-            (layer, w, value, positions.get(layer, 1.0), status)
-            for layer, ws in _kernels(dense_equiv).items()
-            for w, value in ws
-        ]
+        [(layer, w, value, positions.get(layer, 1.0), status) for layer, ws in kernels.items() for w, value in ws]
     )
     predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
-    return run_outcome(
+    out = run_outcome(
         result, report, predict, data.x_test, model, run_dir / "checkpoint.weights.h5", _variable_bytes(model), "keras"
     )
+    out["kernels"] = {layer: ws[0][1] for layer, ws in kernels.items()}  # final dense kernels, for tests
+    return out
 
 
-def _sparse_tensor_setup(run: RunConfig, plain: Any, spe: int) -> tuple[Any, list[Any]]:
+def _sparse_tensor_setup(run: RunConfig, data: Data, plain: Any, spe: int) -> tuple[Any, list[Any]]:
     """The masked model with its schedule, converted to SparseDense layers that compact at mask updates."""
     import prune
     from prune.convert import convert  # written beside this runner; imported lazily
     from prune.layers.sparse import sparse_layers
 
-    masked = prune.prune_low_magnitude(plain, library_schedule(run, spe), seed=run.seed)
+    masked = prune.prune_low_magnitude(plain, library_schedule(run, spe), **pruning_kwargs(run))
     sparse = convert(masked, to="sparse", matmul=run.implementation.matmul)
     layers = sparse_layers(sparse)
     if not layers or any(layer.pruning_schedule is None for layer in layers):
         raise RuntimeError("prune.convert(to='sparse') gave no SparseDense layer carrying the pruning schedule")
-    return sparse, [prune.UpdatePruningStep()]  # drives masked and SparseDense layers alike
+    return sparse, [update_step(run, data)]  # drives masked and SparseDense layers alike

@@ -72,6 +72,9 @@ CONFIG_COLUMNS = [
     "dataset",
     "model",
     "target_sparsity",
+    "pattern",
+    "criterion",
+    "distribution",
     "schedule",
     "schedule_begin",
     "schedule_end",
@@ -132,6 +135,11 @@ METRIC_COLUMNS = [
     "ended_at",
 ]
 RUN_COLUMNS = CONFIG_COLUMNS + METRIC_COLUMNS
+AXIS_COLUMNS = ("pattern", "criterion", "distribution")
+"""Added with the pattern, criterion and distribution axes. A ``runs.csv`` written before them has
+every other column; its rows are read with the defaults those runs used (empty for dense)."""
+AXIS_DEFAULTS = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer"}
+_LEGACY_RUN_COLUMNS = [c for c in RUN_COLUMNS if c not in AXIS_COLUMNS]
 CURVE_COLUMNS = ["run_id", "epoch", "metric", "value"]
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 """``OSError`` numbers that mean the results cannot be written (not a fault of the run)."""
@@ -149,6 +157,9 @@ def config_columns(run: RunConfig, sweep: str) -> dict[str, Any]:
         dataset=run.dataset.name,
         model=run.model.label,
         target_sparsity=run.sparsity,
+        pattern=run.pattern.label if s else "",
+        criterion=run.criterion if s else "",
+        distribution=run.distribution if s else "",
         schedule=s.kind if s else "none",
         schedule_begin=s.begin if s else "",
         schedule_end=(s.end if s.kind != "one_shot" else s.begin) if s else "",
@@ -210,6 +221,16 @@ def _cell(value: Any) -> Any:
     return value
 
 
+def _row_cells(row: dict[str, Any]) -> dict[str, str]:
+    """A result row as runs.csv cells; a row from before the axes gets their defaults (empty for dense)."""
+    cells = {k: str(_cell(row.get(k, ""))) for k in RUN_COLUMNS}
+    if row.get("implementation") != "dense":
+        for c in AXIS_COLUMNS:
+            if c not in row:
+                cells[c] = AXIS_DEFAULTS[c]
+    return cells
+
+
 def _read_rows(path: Path, columns: list[str]) -> tuple[list[dict[str, str]], bool]:
     """Complete rows of a CSV we wrote, and whether anything had to be dropped or repaired.
 
@@ -229,6 +250,12 @@ def _read_rows(path: Path, columns: list[str]) -> tuple[list[dict[str, str]], bo
     first = next(csv.reader(io.StringIO(text[: text.find("\n") + 1])), [])
     if first == columns:
         rows = list(csv.DictReader(io.StringIO(text)))
+    elif columns == RUN_COLUMNS and first == _LEGACY_RUN_COLUMNS:  # written before the axes: add their defaults
+        rows = list(csv.DictReader(io.StringIO(text)))
+        for r in rows:
+            dense = r.get("implementation") == "dense"
+            r.update({c: "" if dense else AXIS_DEFAULTS[c] for c in AXIS_COLUMNS})
+        dropped = True  # rewritten with the new header when the runner opens the folder
     elif len(first) == len(columns) and first[0] != columns[0]:  # header lost: rows only
         rows = list(csv.DictReader(io.StringIO(text), fieldnames=columns))
         dropped = True
@@ -439,7 +466,7 @@ class Store:
         self._records = self._results()
         for run_id, record in self._records.items():
             if run_id not in unique:  # finished, but the runner died (or runs.csv was lost) before its row
-                unique[run_id] = {k: str(_cell(record["row"].get(k, ""))) for k in RUN_COLUMNS}
+                unique[run_id] = _row_cells(record["row"])
                 dirty = True
         return unique, dirty
 
@@ -515,7 +542,7 @@ class Store:
         if curves:
             self._append(self.curves_path, _csv_text(curves, CURVE_COLUMNS, header=False))
         self._append(self.runs_path, _csv_text([row], RUN_COLUMNS, header=False))
-        self.rows[run_id] = {k: str(_cell(row.get(k, ""))) for k in RUN_COLUMNS}
+        self.rows[run_id] = _row_cells(row)
 
     def remove(self, run_ids: list[str]) -> None:
         """Drop runs (rows and curves), rewriting both files atomically."""

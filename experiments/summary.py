@@ -15,6 +15,9 @@ _METRICS = {
     "latency_b256_ms": "latency b256 ms",
 }
 
+_AXES = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer"}
+_KEYS = ["dataset", "model", "schedule", "implementation", "pattern", "criterion", "distribution", "target_sparsity"]
+
 
 def _label(df: pd.DataFrame) -> pd.Series:
     matmul = df["matmul"].fillna("").astype(str)
@@ -31,7 +34,8 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     left out entirely (they are listed by ``status``).
 
     Returns:
-        One row per (dataset, model, schedule, implementation, target_sparsity) with
+        One row per (dataset, model, schedule, implementation, pattern,
+        criterion, distribution, target_sparsity) with
         ``<metric>_mean``, ``<metric>_std`` for each metric, ``seeds`` (ok runs) and ``diverged``.
     """
     runs = runs.copy()
@@ -41,7 +45,11 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     if done.empty:
         return pd.DataFrame()
     done["implementation"] = _label(done)
-    keys = ["dataset", "model", "schedule", "implementation", "target_sparsity"]
+    for col, default in _AXES.items():  # a table from before the axes: the defaults those runs used
+        if col not in done.columns:
+            done[col] = np.where(done["implementation"] == "dense", "", default)
+        done[col] = done[col].fillna("").astype(str)  # empty for dense, which groupby would drop as NaN
+    keys = _KEYS
     ok = done[done["status"] == "ok"]
     cells = done.groupby(keys).size().rename("runs")
     agg = ok.groupby(keys)[list(_METRICS)].agg(["mean", "std"])
@@ -56,7 +64,9 @@ def format_summary(summary: pd.DataFrame) -> str:
     """``mean ± std`` text table of :func:`summarize`."""
     if summary.empty:
         return "(no finished runs)"
-    out = summary[["dataset", "model", "schedule", "implementation", "target_sparsity"]].copy()
+    # the axis columns only where the sweep varies them (a sweep without the axes prints as before)
+    shown = [k for k in _KEYS if k in summary.columns and (k not in _AXES or not summary[k].isin(["", _AXES[k]]).all())]
+    out = summary[shown].copy()
     for metric, title in _METRICS.items():
         digits = 4 if metric in ("test_accuracy", "sparsity") else 3
         mean, std = summary[f"{metric}_mean"], summary[f"{metric}_std"].fillna(0.0)

@@ -69,7 +69,11 @@ def train_tfmot(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], 
 
     plain, positions = seeded_model(run, data, tf_keras)
     spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
-    model = tfmot.sparsity.keras.prune_low_magnitude(plain, pruning_schedule=tfmot_schedule(run, spe, tfmot))
+    # pattern: block_size/block_pooling_type or sparsity_m_by_n; criterion and distribution are magnitude
+    # and layer, the only ones tfmot has (RunConfig rejects the others before any run starts)
+    model = tfmot.sparsity.keras.prune_low_magnitude(
+        plain, pruning_schedule=tfmot_schedule(run, spe, tfmot), **run.pattern.tfmot_kwargs()
+    )
 
     def compile_model(m: Any) -> None:
         m.compile(make_optimizer(run.training, tf_keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])

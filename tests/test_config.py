@@ -18,6 +18,7 @@ from experiments.config import (
     DatasetConfig,
     ImplementationConfig,
     ModelConfig,
+    PatternConfig,
     RunConfig,
     ScheduleConfig,
     TrainingConfig,
@@ -226,3 +227,121 @@ def test_dry_run_lists_the_grid_and_writes_nothing(tmp_path, capsys):
     assert "3 runs in the grid, 3 not done" in out
     assert out.count("masked-") == 2 and out.count("dense-") == 1
     assert not results.exists()
+
+
+# -- the pattern, criterion and distribution axes --------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, path, message",
+    [
+        ({"patterns": ["n:m"]}, "patterns[0].name", "unknown pattern 'n:m'; did you mean 'nm'? (valid: unstructured, block, nm, channel)"),
+        ({"patterns": [{"name": "nm", "size": [2, 2]}]}, "patterns[0].size", "only pattern 'block' takes size, not 'nm'"),
+        ({"patterns": [{"name": "unstructured", "m": 1}]}, "patterns[0].m", "only pattern 'nm' takes m, not 'unstructured'"),
+        ({"patterns": [{"name": "nm", "m": 4, "n": 4}]}, "patterns[0].m", "must satisfy 0 <= m < n (n = 4), got 4"),
+        ({"patterns": [{"name": "block", "pooling": "avg"}]}, "patterns[0].pooling", "unknown pooling 'avg'; did you mean 'AVG'? (valid: AVG, MAX)"),
+        ({"patterns": [{"name": "block", "size": [4]}]}, "patterns[0].size", "must be two integers [r, c], got [4]"),
+        ({"patterns": [{"name": "block", "size": [0, 4]}]}, "patterns[0].size[0]", "must be >= 1, got 0"),
+        ({"patterns": [{"name": "block", "siz": [4, 4]}]}, "patterns[0].siz", "unknown key; did you mean 'size'? (valid keys: name, m, n, size, pooling)"),
+        ({"criteria": ["snp"]}, "criteria[0]", "unknown criterion 'snp'; did you mean 'snip'? (valid: magnitude, random, snip, taylor, movement)"),
+        ({"criteria": []}, "criteria", "is empty, so the grid is empty; give at least one value"),
+        ({"distributions": ["erdos"]}, "distributions[0]", "unknown distribution 'erdos' (valid: layer, global, erk)"),
+        ({"distributions": ["Global"]}, "distributions[0]", "unknown distribution 'Global'; did you mean 'global'? (valid: layer, global, erk)"),
+        ({"criterion": ["snip"]}, "criterion", "unknown key; did you mean 'criteria'?"),
+    ],
+)
+def test_axis_values_are_validated_with_the_closest_valid_one(changes, path, message):
+    e = error_of(**changes)
+    assert e.path == path
+    assert e.message.startswith(message), e.message
+
+
+@pytest.mark.parametrize(
+    "changes, path, message",
+    [
+        (
+            {"implementations": ["tfmot"], "criteria": ["snip"]},
+            "criterion",
+            "tfmot prunes by magnitude only; 'snip' runs with 'masked' or 'sparse_tensor' (grid cell datasets='digits', "
+            "models='lenet300', implementations='tfmot', patterns='unstructured', criteria='snip', distributions='layer')",
+        ),
+        (
+            {"implementations": ["tfmot"], "distributions": ["global"]},
+            "distribution",
+            "tfmot gives every layer the scheduled sparsity ('layer'); 'global' runs with 'masked' or 'sparse_tensor'",
+        ),
+        ({"implementations": ["tfmot"], "patterns": ["channel"]}, "pattern", "tfmot has no channel pattern"),
+        ({"patterns": ["nm"], "distributions": ["erk"]}, "distribution", "pattern '2:4' fixes every group's sparsity, so it needs 'layer', not 'erk'"),
+        ({"patterns": ["block"], "models": ["lenet5"]}, "pattern", "block needs 2-D weights; lenet5 has 4-D Conv2D kernels"),
+    ],
+)
+def test_combinations_an_implementation_cannot_run_are_rejected_before_running(changes, path, message):
+    e = error_of(**changes)
+    assert e.path == path
+    assert e.message.startswith(message), e.message
+
+
+def test_tfmot_gets_what_tfmot_supports():
+    runs = expand(sweep(implementations=["tfmot"], patterns=["unstructured", "nm", {"name": "block", "size": [2, 8], "pooling": "MAX"}]))
+    assert [r.pattern.tfmot_kwargs() for r in runs] == [
+        {},
+        {"sparsity_m_by_n": (2, 4)},
+        {"block_size": (2, 8), "block_pooling_type": "MAX"},
+    ]
+
+
+def test_nm_runs_get_the_sparsity_their_pattern_fixes_once():
+    runs = expand(sweep(sparsities=[0.5, 0.9], patterns=["unstructured", {"name": "nm", "m": 1, "n": 4}], criteria=["magnitude", "snip"]))
+    cells = sorted((r.implementation.name, r.pattern.label, r.criterion, r.sparsity) for r in runs)
+    assert cells == [
+        ("dense", "unstructured", "magnitude", 0.0),
+        ("masked", "1:4", "magnitude", 0.25),
+        ("masked", "1:4", "snip", 0.25),
+        ("masked", "unstructured", "magnitude", 0.5),
+        ("masked", "unstructured", "magnitude", 0.9),
+        ("masked", "unstructured", "snip", 0.5),
+        ("masked", "unstructured", "snip", 0.9),
+    ]
+    with pytest.raises(ConfigError, match=r"^sparsity: pattern '1:4' fixes the sparsity at m/n = 0.25"):
+        dataclasses.replace(next(r for r in runs if r.pattern.name == "nm"), sparsity=0.5)
+
+
+def test_patterns_sweep_expands_to_48_runs_over_pattern_and_criterion():
+    runs = expand(load_sweep(REPO / "experiments" / "configs" / "patterns.toml"))
+    assert len(runs) == 3 * (1 + 3 * (2 + 1 + 2))
+    labels = {(r.pattern.label, r.criterion) for r in runs if r.implementation.name == "masked"}
+    assert labels == {(p, c) for p in ("unstructured", "2:4", "block4x4") for c in ("magnitude", "snip", "random")}
+
+
+def test_default_axes_leave_the_hash_and_run_id_unchanged():
+    run = RunConfig(
+        implementation=ImplementationConfig("masked"),
+        dataset=DatasetConfig("mnist5k"),
+        model=ModelConfig("lenet300"),
+        seed=0,
+        training=TrainingConfig(epochs=36),
+        sparsity=0.9,
+        schedule=ScheduleConfig(end=24.0),
+    )
+    explicit = dataclasses.replace(run, pattern=PatternConfig("unstructured"), criterion="magnitude", distribution="layer")
+    assert canonical_json(explicit) == canonical_json(run)
+    assert not {"pattern", "criterion", "distribution"} & set(json.loads(canonical_json(run)))
+    assert explicit.run_id == run.run_id
+    snip = dataclasses.replace(run, criterion="snip")
+    assert json.loads(canonical_json(snip))["criterion"] == "snip" and snip.run_id != run.run_id
+    block = dataclasses.replace(run, pattern=PatternConfig("block"))
+    assert json.loads(canonical_json(block))["pattern"] == {"name": "block"}
+
+
+def test_committed_paper_runs_keep_their_run_ids():
+    """The committed paper sweep, expanded by today's code, names exactly the committed run folders and rows."""
+    paper = REPO / "results" / "paper"
+    expected = {r.run_id for r in expand(load_sweep(REPO / "experiments" / "configs" / "paper.toml"))}
+    folders = {p.name for p in (paper / "runs").iterdir() if p.is_dir()}
+    rows = {line.split(",", 1)[0] for line in (paper / "runs.csv").read_text().splitlines()[1:]}
+    assert len(expected) == 66 and expected == folders == rows
+    for folder in sorted(paper.glob("runs/*/config.json")):  # each recorded config hashes to its folder's name
+        record = json.loads(folder.read_text())
+        run = from_dict(RunConfig, record["run"])
+        assert run.run_id == folder.parent.name and config_hash(run) == record["config_hash"]
+    assert "dense-7df65fb5578f35cc" in folders  # a pinned id, in case the folders ever change with the code
