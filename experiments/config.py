@@ -91,7 +91,7 @@ MODELS = ("lenet300", "lenet5", "mlp")
 DATASETS = ("digits", "mnist5k", "synthetic", "mnist", "fashion_mnist", "cifar10")
 SCHEDULES = ("constant", "polynomial", "one_shot")
 OPTIMIZERS = ("sgd", "momentum", "adam")
-MATMULS = ("coo", "csr", "auto")
+MATMULS = ("coo", "csr", "native", "auto")
 UNITS = ("epochs", "steps")
 PATTERNS = ("unstructured", "block", "nm", "channel")
 POOLINGS = ("AVG", "MAX")
@@ -199,7 +199,9 @@ class ImplementationConfig:
             ``sparse_tensor`` (prune's SparseDense layers via ``prune.convert``)
             or ``tfmot`` (tfmot's prune_low_magnitude under tf-keras, in its own
             process).
-        matmul: sparse_tensor only: ``coo``, ``csr`` or ``auto``.
+        matmul: sparse_tensor only: ``coo``, ``csr``, ``native`` (the compiled
+            kernels of :mod:`prune.native`) or ``auto`` (native or densify when the
+            native library loads, else the TensorFlow kernels).
     """
 
     name: str

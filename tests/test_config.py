@@ -345,3 +345,10 @@ def test_committed_paper_runs_keep_their_run_ids():
         run = from_dict(RunConfig, record["run"])
         assert run.run_id == folder.parent.name and config_hash(run) == record["config_hash"]
     assert "dense-7df65fb5578f35cc" in folders  # a pinned id, in case the folders ever change with the code
+
+
+def test_sparse_tensor_takes_the_native_matmul() -> None:
+    impl = ImplementationConfig("sparse_tensor", "native")
+    assert impl.label == "sparse_tensor-native"
+    with pytest.raises(ValueError, match="matmul"):
+        ImplementationConfig("masked", "native")
