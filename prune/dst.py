@@ -232,7 +232,10 @@ def sparse_init(
         sparsity: Fraction of zeros, in [0, 1).
         distribution: ``"uniform"`` or ``"erk"``.
         seed: Seed of the positions.
-        optimizer: Its slots are zeroed where the mask changes.
+        optimizer: Its slots are zeroed where the mask changes; default
+            ``model.optimizer``. Slots an optimizer builds later start at its
+            initial value (Adagrad: 0.1) for pruned entries too; their update
+            is still exactly zero, since their gradient is.
 
     Returns:
         Zeros per weight key.
@@ -254,6 +257,7 @@ def sparse_init(
         scores = get_criterion("random")(ScoreContext(weight=np.zeros(shapes[t.key]), seed=seed, key=t.key))
         new = prune_lowest(scores.reshape(-1), np.ones(scores.size, bool), zeros[t.key]).reshape(shapes[t.key])
         plans.append((t, new, np.asarray(t.mask.numpy()) != 0))
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     for t, new, old in plans:
         _install(t, new, old, optimizer)
     return zeros
