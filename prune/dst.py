@@ -1,6 +1,7 @@
 """Sparse training: a fixed sparse mask from step 0, or one that moves (SET, RigL).
 
-Three methods, on the masked layers (:func:`prune.prunable_layers`):
+Three methods, on the masked layers (:func:`prune.prunable_layers`) and on
+:class:`prune.layers.SparseDense`:
 
 * **Static sparse training**: :func:`sparse_init` installs a random mask at an
   exact sparsity per weight (uniform, or Erdős–Rényi-Kernel over all masked
@@ -48,8 +49,11 @@ The masks here grow. The rule "masks only shrink" (:mod:`prune.masks`) is a
 rule of schedules: :func:`prune.update_masks` never revives an entry. Sparse
 training revives entries on purpose, through this module only.
 
-Only unstructured masked layers take part; a ``SparseDense`` layer or a
-structured pattern is refused with the layer's name.
+A ``SparseDense`` layer moves its structure through
+:meth:`~prune.layers.SparseDense.restructure`: new entries are stored with
+value +0.0 and zero slots, and its dense gradient (RigL) is computed at update
+steps only (:func:`dense_gradients`). Only the ``Unstructured()`` pattern takes
+part; a structured one is refused with the layer's name.
 """
 
 from __future__ import annotations
@@ -152,24 +156,48 @@ def drop_and_grow(
 class _Target:
     key: str
     layer: Any
-    weight: Any
-    mask: Any
+    weight: Any  # the trainable variable: a masked weight, or SparseDense's values
+    mask: Any = None  # the mask variable of a masked weight; None for SparseDense
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """Dense views of the weight and of its keep-mask."""
+        if self.mask is None:
+            return self.layer.to_dense(), self.layer.get_mask()
+        return np.asarray(self.weight.numpy()), np.asarray(self.mask.numpy()) != 0
+
+    def install(self, new: np.ndarray, old: np.ndarray, optimizer: Any) -> bool:
+        """Write a keep-mask that may grow; returns whether a traced train step must be retraced.
+
+        Grown and dropped entries get +0.0 and zero slots; the others keep
+        value and slots. ``SparseDense`` stores the new structure
+        (:meth:`prune.layers.SparseDense.restructure`).
+        """
+        if self.mask is None:
+            return bool(self.layer.restructure(new, optimizer))
+        stays = new & old
+        stays_t = tf.constant(stays)
+        value = tf.convert_to_tensor(self.weight.value)
+        self.weight.assign(tf.where(stays_t, value, tf.zeros_like(value)))  # tf.where: +0.0, never -0.0
+        zero_slot_entries(optimizer, self.weight, stays)
+        self.mask.assign(tf.cast(tf.constant(new), self.mask.dtype))
+        return False
 
 
 def _targets(model: Any, what: str) -> list[_Target]:
-    """Every prunable weight of the masked layers; refuses what sparse training cannot move."""
+    """Every prunable weight of the masked and ``SparseDense`` layers; refuses what cannot move."""
     from prune.layers.masked import is_masked_layer
     from prune.layers.sparse import SparseDense
 
     out: list[_Target] = []
     seen: dict[str, int] = {}
+
+    def add(key: str, layer: Any, weight: Any, mask: Any) -> None:
+        seen[key] = seen.get(key, 0) + 1
+        out.append(_Target(key if seen[key] == 1 else f"{key}#{seen[key]}", layer, weight, mask))
+
     for layer in iter_layers(model):
-        if isinstance(layer, SparseDense):
-            raise ValueError(
-                f"{what} does not support SparseDense yet: layer {layer.name!r}; use a masked layer "
-                "(prune.prune_low_magnitude) for sparse training"
-            )
-        if not is_masked_layer(layer):
+        sparse = isinstance(layer, SparseDense)
+        if not sparse and not is_masked_layer(layer):
             continue
         if not layer.built:
             raise ValueError(f"{what}: layer {layer.name!r} is not built; build the model first (call it on a batch)")
@@ -177,24 +205,23 @@ def _targets(model: Any, what: str) -> list[_Target]:
             raise ValueError(
                 f"{what} moves single entries and needs pattern=Unstructured(); layer {layer.name!r} has {layer.pattern!r}"
             )
+        if sparse:
+            add(f"{layer.name}/kernel", layer, layer.values, None)
+            continue
         for name in layer.prunable_weight_names:
             weight, mask = layer.weight_and_mask(name)
-            key = f"{layer.name}/{name}"
-            seen[key] = seen.get(key, 0) + 1
-            out.append(_Target(key if seen[key] == 1 else f"{key}#{seen[key]}", layer, weight, mask))
+            add(f"{layer.name}/{name}", layer, weight, mask)
     if not out:
-        raise ValueError(f"{what} found no masked layer in {getattr(model, 'name', model)!r}; call prune.prune_low_magnitude first")
+        raise ValueError(
+            f"{what} found no masked or SparseDense layer in {getattr(model, 'name', model)!r}; "
+            "call prune.prune_low_magnitude first"
+        )
     return out
 
 
-def _install(target: _Target, new: np.ndarray, old: np.ndarray, optimizer: Any) -> None:
-    """Write a keep-mask that may grow: grown and dropped entries get +0.0 and zero slots, the rest stay."""
-    stays = new & old
-    stays_t = tf.constant(stays)
-    value = tf.convert_to_tensor(target.weight.value)
-    target.weight.assign(tf.where(stays_t, value, tf.zeros_like(value)))  # tf.where: +0.0, never -0.0
-    zero_slot_entries(optimizer, target.weight, stays)
-    target.mask.assign(tf.cast(tf.constant(new), target.mask.dtype))
+def _retrace(model: Any, retrace: bool) -> None:
+    if retrace and getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)
 
 
 def _check_seed(seed: Any) -> int:
@@ -228,7 +255,8 @@ def sparse_init(
     Evci et al. 2020 (ERK, and "Static" as the baseline of RigL).
 
     Args:
-        model: A model with masked layers (:func:`prune.prune_low_magnitude`), built.
+        model: A built model with masked layers (:func:`prune.prune_low_magnitude`)
+            or ``SparseDense`` layers.
         sparsity: Fraction of zeros, in [0, 1).
         distribution: ``"uniform"`` or ``"erk"``.
         seed: Seed of the positions.
@@ -241,8 +269,8 @@ def sparse_init(
         Zeros per weight key.
 
     Raises:
-        ValueError: bad arguments, unbuilt layers, ``SparseDense`` or a
-            structured pattern; raised before anything changes.
+        ValueError: bad arguments, unbuilt layers or a structured pattern;
+            raised before anything changes.
     """
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float, np.floating)) or not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
@@ -256,21 +284,44 @@ def sparse_init(
     for t in targets:
         scores = get_criterion("random")(ScoreContext(weight=np.zeros(shapes[t.key]), seed=seed, key=t.key))
         new = prune_lowest(scores.reshape(-1), np.ones(scores.size, bool), zeros[t.key]).reshape(shapes[t.key])
-        plans.append((t, new, np.asarray(t.mask.numpy()) != 0))
+        plans.append((t, new, t.read()[1]))
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    retrace = False
     for t, new, old in plans:
-        _install(t, new, old, optimizer)
+        retrace |= t.install(new, old, optimizer)
+    _retrace(model, retrace)
     return zeros
 
 
-def dense_gradients(model: Any, x: Any, y: Any, loss: Any = None) -> dict[str, np.ndarray]:
-    """Gradients with respect to ``weight * mask`` of every masked weight, pruned entries included.
+def _dense_forward(layer: Any, w_dense: Any) -> Callable[..., Any]:
+    """``SparseDense``'s forward pass with a dense ``[n_in, n_out]`` weight, for one gradient pass."""
 
-    RigL's grow score. The masks are set to ones for one forward and backward
-    pass (inference mode) and restored afterwards; since pruned weights are
-    stored as +0.0, the forward pass computes bitwise what it computes with the
-    masks, and the gradient of each stored weight is then the gradient of the
-    masked weight (rigl's ``compute_gradients(loss, var_list=masked_weights)``).
+    def call(inputs: Any, training: Any = None) -> Any:
+        x = tf.convert_to_tensor(inputs)
+        if x.dtype != w_dense.dtype:
+            x = tf.cast(x, w_dense.dtype)
+        shape = tf.shape(x)
+        y = tf.matmul(tf.reshape(x, [-1, layer.dense_shape[0]]), w_dense)  # its gradient: x^T . dy
+        y = tf.reshape(y, tf.concat([shape[:-1], [layer.units]], 0))
+        if layer.bias is not None:
+            y = y + layer.bias
+        return layer.activation(y) if layer.activation is not None else y
+
+    return call
+
+
+def dense_gradients(model: Any, x: Any, y: Any, loss: Any = None) -> dict[str, np.ndarray]:
+    """Dense gradients of every masked weight (w.r.t. ``weight * mask``) and ``SparseDense`` kernel.
+
+    RigL's grow score, computed at update steps only. For masked layers the
+    masks are set to ones for one forward and backward pass (inference mode)
+    and restored afterwards; since pruned weights are stored as +0.0, the
+    forward pass computes bitwise what it computes with the masks, and the
+    gradient of each stored weight is the gradient of the masked weight
+    (rigl's ``compute_gradients(loss, var_list=masked_weights)``). A
+    ``SparseDense`` layer runs that one pass with a dense weight scattered from
+    its values, whose gradient is the dense product ``x^T . dy``; no dense
+    weight is kept afterwards.
 
     Args:
         model: The model.
@@ -283,20 +334,31 @@ def dense_gradients(model: Any, x: Any, y: Any, loss: Any = None) -> dict[str, n
     if loss is None and getattr(model, "compiled_loss", None) is None and getattr(model, "loss", None) is None:
         raise ValueError("dense_gradients needs loss=... or a compiled model (model.compile(loss=...))")
     targets = _targets(model, "dense_gradients")
-    saved = [t.mask.numpy() for t in targets]
+    masked = [t for t in targets if t.mask is not None]
+    sparse = [t for t in targets if t.mask is None]
+    saved = [t.mask.numpy() for t in masked]
     try:
-        for t in targets:
-            t.mask.assign(tf.ones_like(t.mask.value))
         with tf.GradientTape() as tape:
+            for t in masked:
+                t.mask.assign(tf.ones_like(t.mask.value))
+            dense_w = {}
+            for t in sparse:
+                layer = t.layer
+                dense_w[t.key] = tf.scatter_nd(layer.indices.value, layer.values.value, layer.dense_shape)
+                tape.watch(dense_w[t.key])
+                object.__setattr__(layer, "call", _dense_forward(layer, dense_w[t.key]))
             y_pred = model(x, training=False)
             value = loss(y, y_pred) if loss is not None else model.compute_loss(x=x, y=y, y_pred=y_pred, training=False)
-        grads = tape.gradient(value, [t.weight for t in targets])
+        sources = [t.weight if t.mask is not None else dense_w[t.key] for t in targets]
+        grads = tape.gradient(value, sources)
     finally:
-        for t, m in zip(targets, saved):
+        for t, m in zip(masked, saved):
             t.mask.assign(m)
+        for t in sparse:
+            t.layer.__dict__.pop("call", None)
     out = {}
     for t, g in zip(targets, grads):
-        out[t.key] = np.zeros(tuple(t.weight.shape)) if g is None else np.asarray(tf.convert_to_tensor(g))
+        out[t.key] = np.zeros(t.read()[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g))
     return out
 
 
@@ -304,7 +366,7 @@ def dense_gradients(model: Any, x: Any, y: Any, loss: Any = None) -> dict[str, n
 
 
 class DynamicSparsity(keras.callbacks.Callback):
-    """Dynamic sparse training (SET or RigL) of the masked layers, in ``fit`` or a custom loop.
+    """Dynamic sparse training (SET or RigL) of the masked and ``SparseDense`` layers, in ``fit`` or a custom loop.
 
     Start from a sparse mask (:func:`sparse_init`, or any masks), then::
 
@@ -348,7 +410,7 @@ class DynamicSparsity(keras.callbacks.Callback):
 
     Raises:
         ValueError: a bad argument, naming it and its value, at construction;
-            a ``SparseDense`` layer, a structured pattern or no masked layer at
+            a structured pattern or no masked or ``SparseDense`` layer at
             ``on_train_begin``.
     """
 
@@ -421,10 +483,10 @@ class DynamicSparsity(keras.callbacks.Callback):
         fraction = self.fraction_at(step)
         reads = []
         for t in targets:
-            w = np.asarray(t.weight.numpy())
+            w, keep = t.read()
             if not np.all(np.isfinite(w)):
                 raise ValueError(f"weight {t.key!r} has NaN or infinite entries; no mask was changed")
-            reads.append((t, w, np.asarray(t.mask.numpy()) != 0))
+            reads.append((t, w, keep))
         grads: Mapping[str, np.ndarray] = {}
         if self.method == "rigl":
             data = self._gradient_data() if callable(self._gradient_data) else self._gradient_data
@@ -441,8 +503,9 @@ class DynamicSparsity(keras.callbacks.Callback):
             plans.append((t, drop_and_grow(w, keep, n, grow), keep, n))
         records = []
         optimizer = self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
+        retrace = False
         for t, new, old, n in plans:
-            _install(t, new, old, optimizer)
+            retrace |= t.install(new, old, optimizer)
             records.append(
                 {
                     "step": int(step),
@@ -454,6 +517,7 @@ class DynamicSparsity(keras.callbacks.Callback):
                     "grown": int((new & ~old).sum()),
                 }
             )
+        _retrace(self.model, retrace)
         self.history.extend(records)
         return records
 

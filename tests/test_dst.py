@@ -293,15 +293,74 @@ def test_bad_input_changes_nothing():
     assert cb.history == []
 
 
-def test_sparse_dense_and_structured_patterns_are_refused_by_name():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), SparseDense(3, sparsity=0.5, name="sd")])
-    with pytest.raises(ValueError, match="does not support SparseDense yet: layer 'sd'"):
-        prune.sparse_init(model, 0.5)
-    cb = prune.DynamicSparsity("set")
-    cb.set_model(model)
-    with pytest.raises(ValueError, match="layer 'sd'"):
-        cb.on_train_begin()
+def test_structured_patterns_are_refused_by_name():
     blocked = prune.prune_low_magnitude(mlp(), pattern=prune.Block((2, 2)))
     with pytest.raises(ValueError, match="needs pattern=Unstructured\\(\\); layer 'fc1'"):
         prune.sparse_init(blocked, 0.5)
+    cb = prune.DynamicSparsity("set")
+    cb.set_model(blocked)
+    with pytest.raises(ValueError, match="layer 'fc1'"):
+        cb.on_train_begin()
+
+
+# -- SparseDense -----------------------------------------------------------------------------------------------
+
+
+def test_restructure_keeps_survivors_and_stores_new_entries_at_zero_with_zero_slots():
+    w = np.array([[0.5, 0.0], [-0.1, 0.0], [0.0, 0.2]], "float32")
+    layer = SparseDense.from_dense(w, w != 0, use_bias=False, name="sd")
+    model = keras.Sequential([keras.Input((3,)), layer])
+    model.compile(keras.optimizers.Adam(0.1), loss=lambda yt, yp: tf.reduce_sum(yt * yp))
+    model.train_on_batch(np.ones((1, 3), "float32"), np.ones((1, 2), "float32"))
+    before = layer.to_dense()
+    slots = slots_for(model.optimizer, layer.values)
+    old_slots = [s.numpy().copy() for s in slots]  # stored order (0,0), (1,0), (2,1)
+    layer.restructure(np.array([[1, 0], [0, 1], [0, 1]]), model.optimizer)
+    np.testing.assert_array_equal(layer.get_mask(), [[True, False], [False, True], [False, True]])
+    np.testing.assert_array_equal(layer.indices.numpy(), [[0, 0], [1, 1], [2, 1]])
+    v = layer.values.numpy()
+    assert v[0] == before[0, 0] and v[2] == before[2, 1] and v[1] == 0.0 and not np.signbit(v[1])
+    for slot, old in zip(slot_list := slots_for(model.optimizer, layer.values), old_slots):
+        np.testing.assert_array_equal(slot.numpy(), [old[0], 0.0, old[2]])
+    assert len(slot_list) == 2
+    model.train_on_batch(np.ones((1, 3), "float32"), np.ones((1, 2), "float32"))  # trains on the new structure
+    assert layer.to_dense()[1, 1] != 0.0 and layer.to_dense()[1, 0] == 0.0
+
+
+def _twins(seed=0):
+    """A masked MLP and a SparseDense MLP with the same weights and masks (layers named alike)."""
+    masked = prune.prune_low_magnitude(mlp(seed))
+    prune.sparse_init(masked, 0.7, seed=seed)
+    layers = []
+    for layer in prune.prunable_layers(masked):
+        mask = layer.get_masks()["kernel"]
+        layers.append(SparseDense.from_dense(layer.kernel.numpy(), mask, bias=layer.bias.numpy(), name=layer.name,
+                                             activation=layer.activation))
+    sparse = keras.Sequential([keras.Input((12,)), *layers])
+    for model in (masked, sparse):
+        model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return masked, sparse
+
+
+@pytest.mark.parametrize("method", prune.dst.METHODS)
+def test_sparse_dense_moves_its_structure_like_the_masked_layer(method):
+    masked, sparse = _twins()
+    x, y = mlp_data(32)
+    grads = [prune.dense_gradients(m, x, y) for m in (masked, sparse)]
+    for key in grads[0]:
+        np.testing.assert_allclose(grads[0][key], grads[1][key], rtol=1e-5, atol=1e-7)
+    for model in (masked, sparse):
+        cb = prune.DynamicSparsity(method, update_every=1, drop_fraction=0.5, decay="constant", gradient_data=(x, y))
+        cb.set_model(model)
+        cb.update(3)
+        model.history_ = cb.history
+    assert masked.history_ == sparse.history_ and sum(r["grown"] for r in masked.history_) > 0
+    for a, b in zip(prune.prunable_layers(masked), sparse.layers):
+        np.testing.assert_array_equal(a.get_masks()["kernel"], b.get_mask())
+        np.testing.assert_array_equal(a.kernel.numpy(), b.to_dense())
+    # and it trains afterwards, in fit, with the structure moving between steps
+    cb = prune.DynamicSparsity(method, update_every=2, drop_fraction=0.5, end_step=8, gradient_data=(x, y))
+    nnz = [layer.nnz for layer in sparse.layers]
+    sparse.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[cb])
+    assert [layer.nnz for layer in sparse.layers] == nnz
+    assert sorted({r["step"] for r in cb.history}) == [2, 4, 6]
