@@ -22,6 +22,7 @@ import os as _os
 _os.environ.setdefault("TF_ENABLE_ONEDNN_SPMM", "1")
 
 from prune import embeddings
+from prune.dst import DynamicSparsity, dense_gradients, sparse_init
 from prune.convert import ConversionWarning, convert, unconvertible_layers
 from prune.api import is_pruned, prune_low_magnitude, strip_pruning, unsupported_layers
 from prune.freezing import (
@@ -58,12 +59,14 @@ __all__ = [
     "Block",
     "Channel",
     "ConversionWarning",
+    "DynamicSparsity",
     "NByM",
     "PruneLowMagnitude",
     "ScoreContext",
     "Unstructured",
     "compute_gradients",
     "convert",
+    "dense_gradients",
     "unconvertible_layers",
     "CapRowNorm",
     "DropRows",
@@ -94,6 +97,7 @@ __all__ = [
     "register_prunable",
     "register_schedule",
     "shrink",
+    "sparse_init",
     "shrink_report",
     "sparsity_report",
     "strip_pruning",

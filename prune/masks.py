@@ -15,7 +15,8 @@ Rules, shared by every criterion, pattern and scope:
   flat index (lower weight first, under global scope) is pruned first.
 * Masks only shrink. Entries already pruned are ranked below every live entry,
   so they stay pruned; if the schedule asks for fewer zeros than already exist,
-  the mask is left as it is.
+  the mask is left as it is. This is a rule of schedules: dynamic sparse
+  training (:mod:`prune.dst`, SET and RigL) grows entries on purpose.
 """
 
 from __future__ import annotations

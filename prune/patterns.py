@@ -12,7 +12,8 @@ rules of :mod:`prune.masks` applied pattern by pattern:
   is pruned first.
 * **Masks only shrink.** A unit is alive while any of its entries is; dead
   units rank below every live one, entries pruned earlier stay pruned, and a
-  target below the sparsity already reached leaves the mask as it is.
+  target below the sparsity already reached leaves the mask as it is. This is
+  a rule of schedules; dynamic sparse training (:mod:`prune.dst`) grows masks.
 
 ========================  =======================================  =====================
 pattern                   unit                                     tfmot argument

@@ -412,6 +412,45 @@ class SparseDense(keras.layers.Layer):
             replaced |= _make_dynamic(slot, tf.gather(slot.value, positions))
         return replaced
 
+    def restructure(self, keep: Any, optimizer: Any = None) -> bool:
+        """Install a structure that may also grow (sparse training, :mod:`prune.dst`).
+
+        Entries stored before and kept keep their value and optimizer slots;
+        new entries are stored with value +0.0 and zero slots; the others are
+        dropped. Call it eagerly, between training steps.
+
+        Args:
+            keep: Dense ``[n_in, n_out]`` 0/1 (or bool) mask of the new structure.
+            optimizer: Keras 3 optimizer training ``values``; its slots follow.
+
+        Returns:
+            True when a compiled train step traced before must be retraced.
+
+        Raises:
+            ValueError: ``keep`` of the wrong shape or not binary, before anything changes.
+        """
+        if not self.built:
+            raise ValueError(f"layer {self.name!r} must be built before restructure")
+        self._sync_shapes()
+        new = _masks.validate_mask(keep, tuple(self.dense_shape), name="keep")
+        idx = self.indices.numpy()
+        old_flat = idx[:, 0] * self.units + idx[:, 1]
+        new_flat = np.flatnonzero(new)  # row-major, the stored order
+        pos = np.minimum(np.searchsorted(old_flat, new_flat), max(len(old_flat) - 1, 0))
+        found = (old_flat[pos] == new_flat) if len(old_flat) else np.zeros(len(new_flat), bool)
+        new_idx = np.stack([new_flat // self.units, new_flat % self.units], 1).astype(np.int64)
+
+        def carry(old: np.ndarray) -> np.ndarray:
+            out = np.zeros(len(new_flat), old.dtype)  # +0.0 for new entries
+            out[found] = old[pos[found]]
+            return out
+
+        slots = slots_for(optimizer, self.values)
+        replaced = self._set_structure(new_idx, carry(self.values.numpy()))
+        for slot in slots:
+            replaced |= _make_dynamic(slot, carry(slot.numpy()))
+        return replaced
+
     # -- the pruning engine's protocol (prune.pruning) ---------------------------------
     def pruning_entries(self) -> list[PruningEntry]:
         """The weight as one :class:`prune.pruning.PruningEntry`: its dense view, compacted on apply."""

@@ -1,0 +1,535 @@
+"""Sparse training: a fixed sparse mask from step 0, or one that moves (SET, RigL).
+
+Three methods, on the masked layers (:func:`prune.prunable_layers`) and on
+:class:`prune.layers.SparseDense`:
+
+* **Static sparse training**: :func:`sparse_init` installs a random mask at an
+  exact sparsity per weight (uniform, or Erdős–Rényi-Kernel over all masked
+  weights) before training; train it with no callback and it never changes.
+* **SET** (Mocanu et al., "Scalable training of artificial neural networks with
+  adaptive sparse connectivity inspired by network science", Nature
+  Communications 9, 2383, 2018): every ``update_every`` steps, drop the
+  ``drop_fraction`` of live weights with the smallest magnitude and regrow as
+  many at random positions.
+* **RigL** (Evci, Gale, Menick, Castro and Elsen, "Rigging the Lottery: Making
+  All Tickets Winners", ICML 2020): drop by magnitude as SET does, regrow where
+  the magnitude of the *dense* gradient (the gradient with respect to
+  ``weight * mask``, pruned entries included) is largest, with the drop
+  fraction decaying by a cosine to zero at ``end_step``.
+
+One update of one weight (:func:`drop_and_grow`), as in google-research/rigl
+(``rigl/sparse_optimizers.py``, ``SparseSETOptimizer._get_update_op``;
+``rigl/rigl_tf2/mask_updaters.py``, ``MaskUpdater.generic_mask_update``) and
+jaxpruner (``SET._update_masks``):
+
+1. ``n = floor(live * fraction)`` (rigl casts ``live * fraction`` to int32);
+2. keep the ``live - n`` live entries of largest magnitude
+   (:func:`prune.patterns.prune_lowest`: ties drop the lower flat index first);
+3. among every entry not kept by step 2, grow the ``n`` of highest grow score
+   (ties to the lower flat index, as ``tf.math.top_k``).
+
+Step 3 does **not** exclude the entries just dropped in step 2: rigl lifts
+only the kept entries' grow scores to ``min - 1`` and lets every other entry
+compete, and jaxpruner does the same. An entry dropped and regrown in one
+update is therefore simply kept: rigl's ``new_connections`` is ``grown and
+previously pruned`` (``reinit_when_same=False``), so its value and optimizer
+state stay. Every entry that *was* pruned and grows starts at exactly +0.0
+(rigl's ``grow_init='zeros'``, its default) with its optimizer slots zeroed
+(rigl's ``reset_momentum``), so its first update is a fresh one. Each weight
+keeps exactly its number of live entries at every update.
+
+Differences from rigl, each on purpose: no ``1e-5`` noise is added to the drop
+scores (ties break by index instead, so results depend only on the seed); SET's
+random grow scores come from NumPy's generator seeded with ``(seed, step,
+weight key)``, not from stateless TF ops; the first update is after
+``update_every`` training steps (rigl's TF2 code also updates at step 0, before
+any training).
+
+The masks here grow. The rule "masks only shrink" (:mod:`prune.masks`) is a
+rule of schedules: :func:`prune.update_masks` never revives an entry. Sparse
+training revives entries on purpose, through this module only.
+
+A ``SparseDense`` layer moves its structure through
+:meth:`~prune.layers.SparseDense.restructure`: new entries are stored with
+value +0.0 and zero slots, and its dense gradient (RigL) is computed at update
+steps only (:func:`dense_gradients`). Only the ``Unstructured()`` pattern takes
+part; a structured one is refused with the layer's name.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from prune import distributions as _dist
+from prune.optimizer_state import zero_slot_entries
+from prune.patterns import Unstructured, prune_lowest
+from prune.pruning import iter_layers
+from prune.scoring import ScoreContext, get_criterion
+
+__all__ = [
+    "METHODS",
+    "DynamicSparsity",
+    "cosine_drop_fraction",
+    "num_drop",
+    "drop_and_grow",
+    "sparse_init",
+    "dense_gradients",
+]
+
+METHODS = ("set", "rigl")
+DECAYS = ("constant", "cosine")
+DISTRIBUTIONS = ("uniform", "erk")
+
+
+# -- the arithmetic, on host arrays ----------------------------------------------
+
+
+def cosine_drop_fraction(step: int, drop_fraction: float, end_step: int) -> float:
+    """RigL's drop fraction at ``step``: ``f/2 * (1 + cos(pi * min(step, end_step) / end_step))``.
+
+    This is ``tf.keras.experimental.CosineDecay(f, end_step, alpha=0)`` as used
+    by rigl's ``CosineUpdateSchedule`` (``rigl/rigl_tf2/mask_updaters.py``),
+    and ``tf.train.cosine_decay`` in ``SparseRigLOptimizer`` with
+    ``begin_step=0``: ``f`` at step 0, ``f/2`` at ``end_step/2``, 0 from
+    ``end_step`` on.
+
+    Reference: Evci et al., "Rigging the Lottery: Making All Tickets Winners",
+    ICML 2020, eq. (1) with ``alpha = f``, ``T_end = end_step``.
+    """
+    t = min(max(int(step), 0), int(end_step))
+    return float(drop_fraction) * 0.5 * (1.0 + math.cos(math.pi * t / int(end_step)))
+
+
+def num_drop(live: int, fraction: float) -> int:
+    """How many live entries an update drops (and grows): ``floor(live * fraction)``, as rigl."""
+    return int(math.floor(int(live) * float(fraction)))
+
+
+def drop_and_grow(
+    weight: np.ndarray, keep: np.ndarray, n: int, grow_scores: np.ndarray
+) -> np.ndarray:
+    """One SET/RigL update of one weight: drop ``n`` live entries by magnitude, grow ``n``.
+
+    Args:
+        weight: The weight (dense view).
+        keep: Its current keep-mask (bool, True = live).
+        n: Entries to drop and to grow, ``0 <= n <= live``.
+        grow_scores: Higher grows first (SET: random, RigL: ``|dense gradient|``).
+
+    Returns:
+        The new keep-mask, with as many live entries as ``keep``.
+
+    Raises:
+        ValueError: ``n`` out of range or shapes that differ.
+    """
+    weight = np.asarray(weight)
+    keep = np.asarray(keep).astype(bool)
+    grow_scores = np.asarray(grow_scores, np.float64)
+    if keep.shape != weight.shape or grow_scores.shape != weight.shape:
+        raise ValueError(
+            f"weight, keep and grow_scores must have one shape, got {weight.shape}, {keep.shape}, {grow_scores.shape}"
+        )
+    live = int(keep.sum())
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= live:
+        raise ValueError(f"n must be an integer in [0, {live}] (the live entries), got {n!r}")
+    alive = keep.reshape(-1)
+    drop_scores = get_criterion("magnitude")(ScoreContext(weight=weight)).reshape(-1)
+    kept = prune_lowest(drop_scores, alive, int((~alive).sum()) + int(n))
+    candidates = np.flatnonzero(~kept)  # the just dropped included, as in rigl
+    order = np.argsort(-grow_scores.reshape(-1)[candidates], kind="stable")
+    new = kept.copy()
+    new[candidates[order[: int(n)]]] = True
+    return new.reshape(keep.shape)
+
+
+# -- the masked weights ----------------------------------------------------------------
+
+
+@dataclass
+class _Target:
+    key: str
+    layer: Any
+    weight: Any  # the trainable variable: a masked weight, or SparseDense's values
+    mask: Any = None  # the mask variable of a masked weight; None for SparseDense
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """Dense views of the weight and of its keep-mask."""
+        if self.mask is None:
+            return self.layer.to_dense(), self.layer.get_mask()
+        return np.asarray(self.weight.numpy()), np.asarray(self.mask.numpy()) != 0
+
+    def install(self, new: np.ndarray, old: np.ndarray, optimizer: Any) -> bool:
+        """Write a keep-mask that may grow; returns whether a traced train step must be retraced.
+
+        Grown and dropped entries get +0.0 and zero slots; the others keep
+        value and slots. ``SparseDense`` stores the new structure
+        (:meth:`prune.layers.SparseDense.restructure`).
+        """
+        if self.mask is None:
+            return bool(self.layer.restructure(new, optimizer))
+        stays = new & old
+        stays_t = tf.constant(stays)
+        value = tf.convert_to_tensor(self.weight.value)
+        self.weight.assign(tf.where(stays_t, value, tf.zeros_like(value)))  # tf.where: +0.0, never -0.0
+        zero_slot_entries(optimizer, self.weight, stays)
+        self.mask.assign(tf.cast(tf.constant(new), self.mask.dtype))
+        return False
+
+
+def _targets(model: Any, what: str) -> list[_Target]:
+    """Every prunable weight of the masked and ``SparseDense`` layers; refuses what cannot move."""
+    from prune.layers.masked import is_masked_layer
+    from prune.layers.sparse import SparseDense
+
+    out: list[_Target] = []
+    seen: dict[str, int] = {}
+
+    def add(key: str, layer: Any, weight: Any, mask: Any) -> None:
+        seen[key] = seen.get(key, 0) + 1
+        out.append(_Target(key if seen[key] == 1 else f"{key}#{seen[key]}", layer, weight, mask))
+
+    for layer in iter_layers(model):
+        sparse = isinstance(layer, SparseDense)
+        if not sparse and not is_masked_layer(layer):
+            continue
+        if not layer.built:
+            raise ValueError(f"{what}: layer {layer.name!r} is not built; build the model first (call it on a batch)")
+        if not isinstance(layer.pattern, Unstructured):
+            raise ValueError(
+                f"{what} moves single entries and needs pattern=Unstructured(); layer {layer.name!r} has {layer.pattern!r}"
+            )
+        if sparse:
+            add(f"{layer.name}/kernel", layer, layer.values, None)
+            continue
+        for name in layer.prunable_weight_names:
+            weight, mask = layer.weight_and_mask(name)
+            add(f"{layer.name}/{name}", layer, weight, mask)
+    if not out:
+        raise ValueError(
+            f"{what} found no masked or SparseDense layer in {getattr(model, 'name', model)!r}; "
+            "call prune.prune_low_magnitude first"
+        )
+    return out
+
+
+def _retrace(model: Any, retrace: bool) -> None:
+    if retrace and getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    return int(seed)
+
+
+def _rng(seed: int, step: int, key: str) -> np.random.Generator:
+    return np.random.default_rng([seed & 0xFFFFFFFF, int(step), zlib.crc32(key.encode())])
+
+
+def sparse_init(
+    model: Any,
+    sparsity: float,
+    distribution: str = "uniform",
+    seed: int = 0,
+    optimizer: Any = None,
+) -> dict[str, int]:
+    """Install a random mask on every masked weight: static sparse training's mask at step 0.
+
+    Each weight of ``n`` entries gets exactly ``round(sparsity * n)`` zeros
+    (``"uniform"``), or its Erdős–Rényi-Kernel share of ``round(sparsity * N)``
+    zeros over all ``N`` masked entries (``"erk"``, :func:`prune.distributions.erk_zeros`).
+    Positions are uniformly random, from ``(seed, weight key)``. Entries that
+    become live start at +0.0 with zero optimizer slots. Train without
+    :class:`prune.UpdatePruningStep` (whose schedule would change the mask) for
+    static sparse training, or with :class:`DynamicSparsity` for SET or RigL.
+
+    References: Mocanu et al. 2018 (random sparse initialisation of SET);
+    Evci et al. 2020 (ERK, and "Static" as the baseline of RigL).
+
+    Args:
+        model: A built model with masked layers (:func:`prune.prune_low_magnitude`)
+            or ``SparseDense`` layers.
+        sparsity: Fraction of zeros, in [0, 1).
+        distribution: ``"uniform"`` or ``"erk"``.
+        seed: Seed of the positions.
+        optimizer: Its slots are zeroed where the mask changes; default
+            ``model.optimizer``. Slots an optimizer builds later start at its
+            initial value (Adagrad: 0.1) for pruned entries too; their update
+            is still exactly zero, since their gradient is.
+
+    Returns:
+        Zeros per weight key.
+
+    Raises:
+        ValueError: bad arguments, unbuilt layers or a structured pattern;
+            raised before anything changes.
+    """
+    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float, np.floating)) or not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution must be one of {list(DISTRIBUTIONS)}, got {distribution!r}")
+    seed = _check_seed(seed)
+    targets = _targets(model, "sparse_init")
+    shapes = {t.key: tuple(t.weight.shape) for t in targets}
+    zeros = _dist.uniform_zeros(shapes, sparsity) if distribution == "uniform" else _dist.erk_zeros(shapes, sparsity)
+    plans = []
+    for t in targets:
+        scores = get_criterion("random")(ScoreContext(weight=np.zeros(shapes[t.key]), seed=seed, key=t.key))
+        new = prune_lowest(scores.reshape(-1), np.ones(scores.size, bool), zeros[t.key]).reshape(shapes[t.key])
+        plans.append((t, new, t.read()[1]))
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    retrace = False
+    for t, new, old in plans:
+        retrace |= t.install(new, old, optimizer)
+    _retrace(model, retrace)
+    return zeros
+
+
+def _dense_forward(layer: Any, w_dense: Any) -> Callable[..., Any]:
+    """``SparseDense``'s forward pass with a dense ``[n_in, n_out]`` weight, for one gradient pass."""
+
+    def call(inputs: Any, training: Any = None) -> Any:
+        x = tf.convert_to_tensor(inputs)
+        if x.dtype != w_dense.dtype:
+            x = tf.cast(x, w_dense.dtype)
+        shape = tf.shape(x)
+        y = tf.matmul(tf.reshape(x, [-1, layer.dense_shape[0]]), w_dense)  # its gradient: x^T . dy
+        y = tf.reshape(y, tf.concat([shape[:-1], [layer.units]], 0))
+        if layer.bias is not None:
+            y = y + layer.bias
+        return layer.activation(y) if layer.activation is not None else y
+
+    return call
+
+
+def dense_gradients(model: Any, x: Any, y: Any, loss: Any = None) -> dict[str, np.ndarray]:
+    """Dense gradients of every masked weight (w.r.t. ``weight * mask``) and ``SparseDense`` kernel.
+
+    RigL's grow score, computed at update steps only. For masked layers the
+    masks are set to ones for one forward and backward pass (inference mode)
+    and restored afterwards; since pruned weights are stored as +0.0, the
+    forward pass computes bitwise what it computes with the masks, and the
+    gradient of each stored weight is the gradient of the masked weight
+    (rigl's ``compute_gradients(loss, var_list=masked_weights)``). A
+    ``SparseDense`` layer runs that one pass with a dense weight scattered from
+    its values, whose gradient is the dense product ``x^T . dy``; no dense
+    weight is kept afterwards.
+
+    Args:
+        model: The model.
+        x, y: One batch.
+        loss: ``loss(y_true, y_pred) -> scalar``; default the compiled loss.
+
+    Returns:
+        ``{"layer/weight": gradient}`` as dense arrays.
+    """
+    if loss is None and getattr(model, "compiled_loss", None) is None and getattr(model, "loss", None) is None:
+        raise ValueError("dense_gradients needs loss=... or a compiled model (model.compile(loss=...))")
+    targets = _targets(model, "dense_gradients")
+    masked = [t for t in targets if t.mask is not None]
+    sparse = [t for t in targets if t.mask is None]
+    saved = [t.mask.numpy() for t in masked]
+    try:
+        with tf.GradientTape() as tape:
+            for t in masked:
+                t.mask.assign(tf.ones_like(t.mask.value))
+            dense_w = {}
+            for t in sparse:
+                layer = t.layer
+                dense_w[t.key] = tf.scatter_nd(layer.indices.value, layer.values.value, layer.dense_shape)
+                tape.watch(dense_w[t.key])
+                object.__setattr__(layer, "call", _dense_forward(layer, dense_w[t.key]))
+            y_pred = model(x, training=False)
+            value = loss(y, y_pred) if loss is not None else model.compute_loss(x=x, y=y, y_pred=y_pred, training=False)
+        sources = [t.weight if t.mask is not None else dense_w[t.key] for t in targets]
+        grads = tape.gradient(value, sources)
+    finally:
+        for t, m in zip(masked, saved):
+            t.mask.assign(m)
+        for t in sparse:
+            t.layer.__dict__.pop("call", None)
+    out = {}
+    for t, g in zip(targets, grads):
+        out[t.key] = np.zeros(t.read()[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g))
+    return out
+
+
+# -- the callback -------------------------------------------------------------------------
+
+
+class DynamicSparsity(keras.callbacks.Callback):
+    """Dynamic sparse training (SET or RigL) of the masked and ``SparseDense`` layers, in ``fit`` or a custom loop.
+
+    Start from a sparse mask (:func:`sparse_init`, or any masks), then::
+
+        model.fit(x, y, callbacks=[prune.DynamicSparsity("rigl", update_every=100,
+                                                          end_step=3000, gradient_data=(xb, yb))])
+
+    In a custom loop, drive it as :class:`prune.UpdatePruningStep`:
+    ``set_model``, ``on_train_begin``, then ``on_train_batch_begin`` before
+    each training step. Do not combine it with ``UpdatePruningStep``, whose
+    schedule would change the sparsity.
+
+    At a step ``t > 0`` with ``t % update_every == 0`` and (if ``end_step`` is
+    set) ``t < end_step``, every masked weight drops ``floor(live * f(t))``
+    live entries of smallest magnitude and grows as many (see
+    :func:`drop_and_grow`), so each weight keeps its number of live entries.
+    Grown entries start at +0.0 with zero optimizer slots; pruned entries stay
+    +0.0 between updates under every optimizer (the masked layers' invariant).
+
+    References: Mocanu et al., Nature Communications 2018 (SET); Evci et al.,
+    ICML 2020 (RigL), whose google-research/rigl code this follows.
+
+    Args:
+        method: ``"set"`` (random growth) or ``"rigl"`` (growth by
+            ``|dense gradient|`` on ``gradient_data``).
+        update_every: ΔT, steps between updates (positive integer).
+        drop_fraction: Fraction of the live entries dropped at an update, in (0, 1].
+        end_step: No update from this step on; required by the cosine decay.
+        decay: ``"constant"`` or ``"cosine"`` (:func:`cosine_drop_fraction`);
+            default ``"constant"`` for SET, ``"cosine"`` for RigL, as in the papers.
+        seed: Seed of SET's random growth.
+        gradient_data: ``(x, y)``, or a callable returning one, for RigL's
+            gradient at each update (a batch, as rigl uses the current batch).
+        loss: ``loss(y_true, y_pred)`` for that gradient; default the compiled loss.
+        optimizer: Optimizer whose slots to reset; default ``model.optimizer``.
+
+    Attributes:
+        history: One dict per weight and update: ``step``, ``key``,
+            ``fraction``, ``live``, ``n`` (entries dropped by magnitude and
+            grown), ``dropped`` and ``grown`` (entries whose mask changed;
+            fewer than ``n`` when some dropped entries grew back at once).
+
+    Raises:
+        ValueError: a bad argument, naming it and its value, at construction;
+            a structured pattern or no masked or ``SparseDense`` layer at
+            ``on_train_begin``.
+    """
+
+    def __init__(
+        self,
+        method: str = "set",
+        update_every: int = 100,
+        drop_fraction: float = 0.3,
+        end_step: int | None = None,
+        decay: str | None = None,
+        seed: int = 0,
+        gradient_data: Any = None,
+        loss: Callable[[Any, Any], Any] | None = None,
+        optimizer: Any = None,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
+        if isinstance(update_every, bool) or not isinstance(update_every, (int, np.integer)) or update_every < 1:
+            raise ValueError(f"update_every must be a positive integer, got {update_every!r}")
+        if (
+            isinstance(drop_fraction, bool)
+            or not isinstance(drop_fraction, (int, float, np.floating))
+            or not 0.0 < drop_fraction <= 1.0
+        ):
+            raise ValueError(f"drop_fraction must be a number in (0, 1], got {drop_fraction!r}")
+        if end_step is not None and (
+            isinstance(end_step, bool) or not isinstance(end_step, (int, np.integer)) or end_step < 1
+        ):
+            raise ValueError(f"end_step must be a positive integer or None, got {end_step!r}")
+        decay = ("cosine" if method == "rigl" else "constant") if decay is None else decay
+        if decay not in DECAYS:
+            raise ValueError(f"decay must be one of {list(DECAYS)}, got {decay!r}")
+        if decay == "cosine" and end_step is None:
+            raise ValueError("decay='cosine' needs end_step (the step where the drop fraction reaches 0), got end_step=None")
+        if method == "rigl" and gradient_data is None:
+            raise ValueError("method='rigl' grows by the dense gradient: pass gradient_data=(x, y) or a callable returning one")
+        super().__init__()
+        self.method = method
+        self.update_every = int(update_every)
+        self.drop_fraction = float(drop_fraction)
+        self.end_step = None if end_step is None else int(end_step)
+        self.decay = decay
+        self.seed = _check_seed(seed)
+        self._gradient_data = gradient_data
+        self._loss = loss
+        self._optimizer = optimizer
+        self._step = 0
+        self._started = False
+        self.history: list[dict[str, Any]] = []
+
+    def fraction_at(self, step: int) -> float:
+        """The drop fraction an update at ``step`` uses."""
+        if self.decay == "cosine":
+            return cosine_drop_fraction(step, self.drop_fraction, self.end_step)  # type: ignore[arg-type]
+        return self.drop_fraction
+
+    def should_update(self, step: int) -> bool:
+        """Whether the masks move before training step ``step``."""
+        return step > 0 and step % self.update_every == 0 and (self.end_step is None or step < self.end_step)
+
+    def update(self, step: int) -> list[dict[str, Any]]:
+        """Move every masked weight's mask once, at ``step`` (whether or not it is an update step).
+
+        Every check and every score runs before anything is written.
+
+        Returns:
+            The entries added to :attr:`history`.
+        """
+        targets = _targets(self.model, "DynamicSparsity")
+        fraction = self.fraction_at(step)
+        reads = []
+        for t in targets:
+            w, keep = t.read()
+            if not np.all(np.isfinite(w)):
+                raise ValueError(f"weight {t.key!r} has NaN or infinite entries; no mask was changed")
+            reads.append((t, w, keep))
+        grads: Mapping[str, np.ndarray] = {}
+        if self.method == "rigl":
+            data = self._gradient_data() if callable(self._gradient_data) else self._gradient_data
+            grads = dense_gradients(self.model, data[0], data[1], loss=self._loss)
+        plans = []
+        for t, w, keep in reads:
+            if self.method == "rigl":
+                grow = np.abs(np.asarray(grads[t.key], np.float64))
+                if not np.all(np.isfinite(grow)):
+                    raise ValueError(f"the gradient of {t.key!r} has NaN or infinite entries; no mask was changed")
+            else:
+                grow = _rng(self.seed, step, t.key).random(w.shape)
+            n = num_drop(int(keep.sum()), fraction)
+            plans.append((t, drop_and_grow(w, keep, n, grow), keep, n))
+        records = []
+        optimizer = self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
+        retrace = False
+        for t, new, old, n in plans:
+            retrace |= t.install(new, old, optimizer)
+            records.append(
+                {
+                    "step": int(step),
+                    "key": t.key,
+                    "fraction": fraction,
+                    "live": int(new.sum()),
+                    "n": n,
+                    "dropped": int((old & ~new).sum()),
+                    "grown": int((new & ~old).sum()),
+                }
+            )
+        _retrace(self.model, retrace)
+        self.history.extend(records)
+        return records
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        targets = _targets(self.model, "DynamicSparsity")
+        self._step = int(targets[0].layer.pruning_step.numpy())
+        self._started = True
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        # Work only here, never in on_train_batch_end (see prune.UpdatePruningStep).
+        if not self._started:
+            self.on_train_begin()
+        if self.should_update(self._step):
+            self.update(self._step)
+        self._step += 1
