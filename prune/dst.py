@@ -68,6 +68,7 @@ import numpy as np
 import tensorflow as tf
 
 from prune import distributions as _dist
+from prune.driving import attach, detach
 from prune.optimizer_state import zero_slot_entries
 from prune.patterns import Unstructured, prune_lowest
 from prune.pruning import iter_layers
@@ -247,9 +248,10 @@ def sparse_init(
     (``"uniform"``), or its Erdős–Rényi-Kernel share of ``round(sparsity * N)``
     zeros over all ``N`` masked entries (``"erk"``, :func:`prune.distributions.erk_zeros`).
     Positions are uniformly random, from ``(seed, weight key)``. Entries that
-    become live start at +0.0 with zero optimizer slots. Train without
-    :class:`prune.UpdatePruningStep` (whose schedule would change the mask) for
-    static sparse training, or with :class:`DynamicSparsity` for SET or RigL.
+    become live start at +0.0 with zero optimizer slots. The layers' pruning
+    schedules are removed (``pruning_schedule=None``, saved so with the model):
+    the mask is now static, so train without :class:`prune.UpdatePruningStep`
+    for static sparse training, or with :class:`DynamicSparsity` for SET or RigL.
 
     References: Mocanu et al. 2018 (random sparse initialisation of SET);
     Evci et al. 2020 (ERK, and "Static" as the baseline of RigL).
@@ -289,6 +291,8 @@ def sparse_init(
     retrace = False
     for t, new, old in plans:
         retrace |= t.install(new, old, optimizer)
+    for layer in {id(t.layer): t.layer for t in targets}.values():
+        layer.pruning_schedule = None  # the mask is static now: no schedule may change it
     _retrace(model, retrace)
     return zeros
 
@@ -525,6 +529,11 @@ class DynamicSparsity(keras.callbacks.Callback):
         targets = _targets(self.model, "DynamicSparsity")
         self._step = int(targets[0].layer.pruning_step.numpy())
         self._started = True
+        self._driven = list({id(t.layer): t.layer for t in targets}.values())
+        attach(self._driven)  # this callback drives the masks: training without UpdatePruningStep is intended
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        detach(getattr(self, "_driven", []))
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         # Work only here, never in on_train_batch_end (see prune.UpdatePruningStep).

@@ -160,6 +160,19 @@ def test_sparse_init_exact_counts_uniform_and_erk_and_reproducible():
         np.testing.assert_array_equal(a, b)
 
 
+def test_static_sparse_training_fits_without_a_pruning_callback_and_keeps_its_mask():
+    model = prune.prune_low_magnitude(mlp())  # a default schedule: fit alone would raise
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    prune.sparse_init(model, 0.75, seed=3)
+    assert [layer.pruning_schedule for layer in prune.prunable_layers(model)] == [None, None]
+    before = [layer.get_masks()["kernel"] for layer in prune.prunable_layers(model)]
+    x, y = mlp_data(32)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    for mask, layer in zip(before, prune.prunable_layers(model)):
+        np.testing.assert_array_equal(layer.get_masks()["kernel"], mask)
+        assert np.all(layer.kernel.numpy()[~mask] == 0.0) and np.any(layer.kernel.numpy()[mask] != 0.0)
+
+
 # -- exact zeros while masks move, under every optimizer ----------------------------------------------
 
 STEPS, EVERY = 16, 4
