@@ -166,7 +166,9 @@ def _describe(run: RunConfig) -> str:
     return (
         f"{run.run_id:34s} {run.implementation.label:18s} {run.dataset.name:10s} {run.model.label:12s} "
         f"s={run.sparsity:<5g} {sched:28s} seed={run.seed}"
-    ) + (f" {run.pattern.label}/{run.criterion}/{run.distribution}" if s else "")
+    ) + (f" {run.pattern.label}/{run.criterion}/{run.distribution}" if run.sparsity or s else "") + (
+        f" method={run.method.name}" if run.method.name != "gmp" else ""
+    )
 
 
 def _read_store(root: Path) -> Any:

@@ -59,6 +59,11 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
+from experiments import axes
+from experiments.registry import ConfigError
+from experiments.registry import check_range as _range
+from experiments.registry import choice as _choice
+
 __all__ = [
     "ConfigError",
     "DatasetConfig",
@@ -67,6 +72,7 @@ __all__ = [
     "ScheduleConfig",
     "TrainingConfig",
     "PatternConfig",
+    "MethodConfig",
     "RunConfig",
     "SweepConfig",
     "IMPLEMENTATIONS",
@@ -78,6 +84,7 @@ __all__ = [
     "PATTERNS",
     "CRITERIA",
     "DISTRIBUTIONS",
+    "METHODS",
     "load_sweep",
     "parse_sweep",
     "from_dict",
@@ -86,10 +93,12 @@ __all__ = [
     "config_hash",
 ]
 
-IMPLEMENTATIONS = ("dense", "masked", "sparse_tensor", "tfmot")
-MODELS = ("lenet300", "lenet5", "mlp")
-DATASETS = ("digits", "mnist5k", "synthetic", "mnist", "fashion_mnist", "cifar10")
-SCHEDULES = ("constant", "polynomial", "one_shot")
+# The registered names of each axis (the registries themselves are in experiments.axes).
+IMPLEMENTATIONS = axes.IMPLEMENTATIONS.names()
+MODELS = axes.MODELS.names()
+DATASETS = axes.DATASETS.names()
+SCHEDULES = axes.SCHEDULE_KINDS.names()
+METHODS = axes.METHODS.names()
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MATMULS = ("coo", "csr", "native", "auto")
 UNITS = ("epochs", "steps")
@@ -98,31 +107,6 @@ POOLINGS = ("AVG", "MAX")
 CRITERIA = ("magnitude", "random", "snip", "taylor", "movement")
 GRADIENT_CRITERIA = ("snip", "taylor", "movement")
 DISTRIBUTIONS = ("layer", "global", "erk")
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with the dotted path of the field at fault."""
-
-    def __init__(self, path: str, message: str) -> None:
-        self.path = path
-        self.message = message
-        super().__init__(f"{path}: {message}" if path else message)
-
-
-def _choice(path: str, value: str, valid: tuple[str, ...], what: str) -> None:
-    if value not in valid:
-        close = [v for v in valid if v.lower() == str(value).lower()] or difflib.get_close_matches(value, valid, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(path, f"unknown {what} {value!r}{hint} (valid: {', '.join(valid)})")
-
-
-def _range(path: str, value: float, lo: float | None = None, hi: float | None = None, hi_open: bool = False) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(path, f"must be finite, got {value!r}")
-    if lo is not None and value < lo:
-        raise ConfigError(path, f"must be >= {lo}, got {value!r}")
-    if hi is not None and (value >= hi if hi_open else value > hi):
-        raise ConfigError(path, f"must be {'<' if hi_open else '<='} {hi}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +136,7 @@ class DatasetConfig:
     train_limit: int = 0
 
     def __post_init__(self) -> None:
-        _choice("name", self.name, DATASETS, "dataset")
+        axes.DATASETS.check("name", self.name)
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError("test_fraction", f"must be in (0, 1), got {self.test_fraction!r}")
         _range("split_seed", self.split_seed, 0)
@@ -176,11 +160,12 @@ class ModelConfig:
     widths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _choice("name", self.name, MODELS, "model")
-        if self.name == "mlp" and not self.widths:
-            raise ConfigError("widths", "model 'mlp' needs hidden widths, e.g. widths = [64, 32]")
-        if self.name != "mlp" and self.widths:
-            raise ConfigError("widths", f"only model 'mlp' takes widths; {self.name!r} has a fixed architecture")
+        spec = axes.MODELS.get(self.name)
+        if spec.hidden is None and not self.widths:
+            raise ConfigError("widths", f"model {self.name!r} needs hidden widths, e.g. widths = [64, 32]")
+        if spec.hidden is not None and self.widths:
+            takes = " or ".join(repr(m.name) for m in axes.MODELS if m.hidden is None)
+            raise ConfigError("widths", f"only model {takes} takes widths; {self.name!r} has a fixed architecture")
         for i, w in enumerate(self.widths):
             _range(f"widths[{i}]", w, 1)
 
@@ -208,10 +193,11 @@ class ImplementationConfig:
     matmul: str = "auto"
 
     def __post_init__(self) -> None:
-        _choice("name", self.name, IMPLEMENTATIONS, "implementation")
+        spec = axes.IMPLEMENTATIONS.get(self.name)
         _choice("matmul", self.matmul, MATMULS, "matmul")
-        if self.name != "sparse_tensor" and self.matmul != "auto":
-            raise ConfigError("matmul", f"only implementation 'sparse_tensor' takes matmul, not {self.name!r}")
+        if not spec.takes_matmul and self.matmul != "auto":
+            takes = " or ".join(repr(i.name) for i in axes.IMPLEMENTATIONS if i.takes_matmul)
+            raise ConfigError("matmul", f"only implementation {takes} takes matmul, not {self.name!r}")
 
     @property
     def label(self) -> str:
@@ -244,14 +230,14 @@ class ScheduleConfig:
     initial_sparsity: float = 0.0
 
     def __post_init__(self) -> None:
-        _choice("kind", self.kind, SCHEDULES, "schedule")
+        span = axes.SCHEDULE_KINDS.get(self.kind, "kind").span
         _choice("unit", self.unit, UNITS, "unit")
         _range("begin", self.begin, 0.0)
         _range("end", self.end, 0.0)
-        if self.kind != "one_shot" and self.end < self.begin:
+        if span and self.end < self.begin:
             raise ConfigError("end", f"must be >= begin ({self.begin!r}), got {self.end!r}")
-        if self.kind == "polynomial" and self.end == self.begin:
-            raise ConfigError("end", f"must be > begin for a polynomial schedule, got begin = end = {self.end!r}")
+        if span == "strict" and self.end == self.begin:
+            raise ConfigError("end", f"must be > begin for a {self.kind} schedule, got begin = end = {self.end!r}")
         if self.unit == "steps":
             for name in ("begin", "end"):
                 if float(getattr(self, name)) != int(getattr(self, name)):
@@ -368,13 +354,102 @@ _PATTERN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PatternConfig
 
 
 @dataclasses.dataclass(frozen=True)
+class MethodConfig:
+    """How the masks of a run are chosen and moved (:data:`experiments.axes.METHODS`).
+
+    Written in a sweep as a name or a table of the name and the method's own
+    parameters, e.g. ``{name = "rigl", update_every = 50}``; unknown
+    parameters are refused with the closest valid one.
+
+    * ``gmp`` (the default): gradual magnitude pruning, driven by the run's
+      schedule (the ``schedules`` axis: polynomial, constant or one-shot); the
+      only method tfmot, its baseline, runs besides ``one_shot``.
+    * ``one_shot``: prune once to the target at ``at`` epochs (0: at
+      initialisation), by the run's criterion; no schedule.
+    * ``snip``: SNIP at initialisation (Lee et al., ICLR 2019): one-shot at step
+      0 by ``|w * dL/dw|`` on the fixed gradient batch; no schedule.
+    * ``set``, ``rigl``, ``static``: sparse training (:mod:`prune.dst`) from a
+      random mask at the target sparsity, ``layer`` (uniform) or ``erk`` by the
+      run's ``distribution``; ``set``/``rigl`` take ``update_every``,
+      ``drop_fraction``, ``end`` (fraction of training) and ``decay``; no schedule.
+    * ``imp``: iterative magnitude pruning with rewinding and its controls
+      (``rate``, ``rewind_step``, ``controls``, ``stops``), masked layers only;
+      no schedule.
+
+    Attributes:
+        name: The method.
+        params: Its parameters (the method's dataclass in :mod:`experiments.axes`);
+            ``None`` is replaced by the defaults.
+        sparsities: Sweep files only: this method's own sparsity axis, replacing
+            the sweep's ``sparsities`` for it (e.g. one ``imp`` run at 0.98
+            whose ``stops`` give the lower sparsities). A run has none.
+    """
+
+    name: str = "gmp"
+    params: Any = None
+    sparsities: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        spec = axes.METHODS.get(self.name)
+        if self.params is None:
+            object.__setattr__(self, "params", spec.params())
+        elif not isinstance(self.params, spec.params):
+            raise ConfigError("params", f"method {self.name!r} takes {spec.params.__name__}, got {self.params!r}")
+        for i, s in enumerate(self.sparsities):
+            _range(f"sparsities[{i}]", s, 0.0, 1.0, hi_open=True)
+
+    @property
+    def spec(self) -> axes.Method:
+        """The registered method."""
+        return axes.METHODS.get(self.name)
+
+    @property
+    def label(self) -> str:
+        """The name, for tables."""
+        return self.name
+
+
+def _method_from(data: Any, path: str) -> MethodConfig:
+    """A :class:`MethodConfig` from a name or a flat table ``{name = ..., <params>..., sparsities = [...]}``."""
+    if isinstance(data, str):
+        data = {"name": data}
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"must be a method name or a table, got {type(data).__name__} {data!r}")
+    where = f"{path}." if path else ""
+    if "name" not in data:
+        raise ConfigError(f"{where}name", "is required")
+    name = _convert(str, data["name"], f"{where}name")
+    axes.METHODS.check(f"{where}name", name)
+    spec = axes.METHODS.get(name)
+    rest = {k: v for k, v in data.items() if k not in ("name", "sparsities")}
+    own = [f.name for f in dataclasses.fields(spec.params)]
+    for key in rest:
+        if key not in own:
+            close = difflib.get_close_matches(key, own + ["sparsities"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            valid = ", ".join(["name", *own, "sparsities"])
+            raise ConfigError(f"{where}{key}", f"unknown key for method {name!r}{hint} (valid keys: {valid})")
+    params = from_dict(spec.params, rest, path)
+    sparsities = _convert(tuple[float, ...], data.get("sparsities", []), f"{where}sparsities")
+    try:
+        return MethodConfig(name, params, sparsities)
+    except ConfigError as e:
+        raise ConfigError(f"{where}{e.path}", e.message) from None
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """One cell of the grid: everything that decides a run's result.
 
     ``dense`` runs have ``sparsity = 0``, no schedule and the default
-    pattern, criterion and distribution. The last three are new fields with
+    pattern, criterion, distribution and method. The last four are fields with
     defaults that reproduce the runs made before they existed (unstructured,
-    magnitude, layer), so those runs keep their hashes and run ids.
+    magnitude, layer, gmp), so those runs keep their hashes and run ids.
+
+    Method and schedule: ``gmp`` is the schedule-driven pruning the runner
+    always had and needs ``schedule``; every other method decides its masks
+    itself (``one_shot`` at its ``at``, ``snip`` at step 0, ``set``/``rigl``/
+    ``static`` from step 0, ``imp`` by levels) and takes no schedule.
 
     Attributes:
         pattern: Which entries are pruned together.
@@ -385,6 +460,7 @@ class RunConfig:
         distribution: How the sparsity spreads over layers (prune's
             ``scope``): ``layer`` (each weight at the target), ``global`` (one
             threshold) or ``erk`` (Erdős–Rényi-Kernel).
+        method: How masks are chosen and moved (:class:`MethodConfig`).
     """
 
     implementation: ImplementationConfig
@@ -397,39 +473,58 @@ class RunConfig:
     pattern: PatternConfig = PatternConfig()
     criterion: str = "magnitude"
     distribution: str = "layer"
+    method: MethodConfig = MethodConfig()
 
     def __post_init__(self) -> None:
         _range("seed", self.seed, 0, 2**31 - 1)
         _range("sparsity", self.sparsity, 0.0, 1.0, hi_open=True)
         _choice("criterion", self.criterion, CRITERIA, "criterion")
         _choice("distribution", self.distribution, DISTRIBUTIONS, "distribution")
-        impl = self.implementation.name
-        if impl == "dense" and (self.sparsity != 0.0 or self.schedule is not None):
-            raise ConfigError("sparsity", "dense runs take no sparsity or schedule")
-        if impl == "dense" and (
+        impl = axes.IMPLEMENTATIONS.get(self.implementation.name)
+        method = self.method.spec
+        if self.method.sparsities:
+            raise ConfigError("method.sparsities", "belongs in a sweep's methods entry; a run has one sparsity")
+        if not impl.prunes and (self.sparsity != 0.0 or self.schedule is not None):
+            raise ConfigError("sparsity", f"{impl.name} runs take no sparsity or schedule")
+        if not impl.prunes and (
             self.pattern != PatternConfig() or self.criterion != "magnitude" or self.distribution != "layer"
         ):
-            raise ConfigError("pattern", "dense runs take no pattern, criterion or distribution")
+            raise ConfigError("pattern", f"{impl.name} runs take no pattern, criterion or distribution")
+        if not impl.prunes and self.method != MethodConfig():
+            raise ConfigError("method", f"{impl.name} runs train no mask, so they take no method, got {self.method.name!r}")
+        if impl.prunes and impl.name not in method.runs_on:
+            raise ConfigError(
+                "method",
+                f"method {method.name!r} does not run on implementation {impl.name!r}: {method.why_not} "
+                f"(it runs on {', '.join(repr(n) for n in method.runs_on)})",
+            )
         self._check_pruning(impl)
-        if self.implementation.name != "dense" and self.schedule is None:
-            raise ConfigError("schedule", f"implementation {self.implementation.name!r} needs a schedule")
+        if impl.prunes and method.schedule and self.schedule is None:
+            raise ConfigError("schedule", f"implementation {impl.name!r} needs a schedule (method {method.name!r})")
+        if method.schedule is False and self.schedule is not None:
+            raise ConfigError("schedule", f"method {method.name!r} decides its masks itself and takes no schedule")
         s = self.schedule
         if s is not None and s.unit == "epochs":
-            last = s.begin if s.kind == "one_shot" else s.end
-            limit = self.training.epochs if s.kind != "one_shot" else self.training.epochs - 1e-9
+            uses_end = bool(axes.SCHEDULE_KINDS.get(s.kind).span)
+            last = s.end if uses_end else s.begin
+            limit = self.training.epochs if uses_end else self.training.epochs - 1e-9
             if last > limit:
-                field = "begin" if s.kind == "one_shot" else "end"
+                field = "end" if uses_end else "begin"
                 raise ConfigError(
                     f"schedule.{field}", f"is {last:g} epochs but training has {self.training.epochs} epochs"
                 )
-        if self.model.name == "lenet5" and self.dataset.name == "synthetic":
-            raise ConfigError("model", "lenet5 needs an image dataset; 'synthetic' is a flat vector")
+        if axes.MODELS.get(self.model.name).needs_image and not axes.DATASETS.get(self.dataset.name).image:
+            raise ConfigError(
+                "model", f"{self.model.name} needs an image dataset; {self.dataset.name!r} is a flat vector"
+            )
+        if impl.prunes and method.check is not None:
+            method.check(self)
 
-    def _check_pruning(self, impl: str) -> None:
+    def _check_pruning(self, impl: axes.Implementation) -> None:
         """Combinations of pattern, criterion, distribution and implementation that cannot run."""
         p = self.pattern
         fixed = p.fixed_sparsity
-        if impl != "dense" and fixed is not None and self.sparsity != fixed:
+        if impl.prunes and fixed is not None and self.sparsity != fixed:
             raise ConfigError(
                 "sparsity",
                 f"pattern {p.label!r} fixes the sparsity at m/n = {fixed:g} (the schedule only says when), "
@@ -439,26 +534,32 @@ class RunConfig:
             raise ConfigError(
                 "distribution", f"pattern {p.label!r} fixes every group's sparsity, so it needs 'layer', not {self.distribution!r}"
             )
-        if p.name == "block" and self.model.name == "lenet5":
-            raise ConfigError("pattern", "block needs 2-D weights; lenet5 has 4-D Conv2D kernels (use lenet300 or mlp)")
-        if impl == "tfmot":
-            if self.criterion != "magnitude":
-                raise ConfigError(
-                    "criterion", f"tfmot prunes by magnitude only; {self.criterion!r} runs with 'masked' or 'sparse_tensor'"
-                )
-            if self.distribution != "layer":
-                raise ConfigError(
-                    "distribution",
-                    f"tfmot gives every layer the scheduled sparsity ('layer'); {self.distribution!r} runs with "
-                    "'masked' or 'sparse_tensor'",
-                )
-            if p.name == "channel":
-                raise ConfigError("pattern", "tfmot has no channel pattern; it runs with 'masked' or 'sparse_tensor'")
+        model = axes.MODELS.get(self.model.name)
+        if p.name == "block" and model.conv:
+            raise ConfigError(
+                "pattern", f"block needs 2-D weights; {model.name} has 4-D Conv2D kernels (use lenet300 or mlp)"
+            )
+        if impl.check is not None:
+            impl.check(self)
 
     @property
     def run_id(self) -> str:
         """Directory name of the run: the implementation and 16 hex digits of the hash."""
         return f"{self.implementation.name}-{config_hash(self)[:16]}"
+
+    @property
+    def criterion_used(self) -> str:
+        """The criterion that scores entries: the method's own (``snip``) or the run's."""
+        return self.method.spec.criterion or self.criterion
+
+    def schedule_used(self) -> ScheduleConfig | None:
+        """The schedule that drives prune's or tfmot's masks: the run's for ``gmp``,
+        one-shot for ``one_shot`` and ``snip``, ``None`` for the methods that move masks themselves."""
+        if self.method.name == "one_shot":
+            return ScheduleConfig(kind="one_shot", begin=self.method.params.at)
+        if self.method.name == "snip":
+            return ScheduleConfig(kind="one_shot", begin=0.0)
+        return self.schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,11 +573,15 @@ class SweepConfig:
         models: Axis; strings or tables ``{name = "mlp", widths = [...]}``.
         datasets: Axis; strings or tables ``{name = ..., ...}``.
         seeds: Axis of seeds.
-        schedules: Axis of schedules (``[[schedules]]`` tables).
+        schedules: Axis of schedules (``[[schedules]]`` tables); only methods
+            that need one (``gmp``) use it, the others ignore it.
         patterns: Axis; strings or tables ``{name = "nm", m = 2, n = 4}``,
             ``{name = "block", size = [4, 4], pooling = "AVG"}``.
         criteria: Axis of criteria (:data:`CRITERIA`).
         distributions: Axis of distributions (:data:`DISTRIBUTIONS`).
+        methods: Axis of methods (:class:`MethodConfig`): strings or tables
+            ``{name = "rigl", drop_fraction = 0.5}``; a table may carry its own
+            ``sparsities``, used for that method instead of the sweep's.
         training: Shared optimizer and loop settings.
     """
 
@@ -490,13 +595,14 @@ class SweepConfig:
     patterns: tuple[PatternConfig, ...] = (PatternConfig(),)
     criteria: tuple[str, ...] = ("magnitude",)
     distributions: tuple[str, ...] = ("layer",)
+    methods: tuple[MethodConfig, ...] = (MethodConfig(),)
     training: TrainingConfig = TrainingConfig()
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_" for c in self.name):
             raise ConfigError("name", f"must be non-empty letters, digits, '-' or '_', got {self.name!r}")
-        axes = ("implementations", "sparsities", "models", "datasets", "seeds", "schedules", "patterns", "criteria")
-        for axis in (*axes, "distributions"):
+        axes_ = ("implementations", "sparsities", "models", "datasets", "seeds", "schedules", "patterns", "criteria")
+        for axis in (*axes_, "distributions", "methods"):
             if not getattr(self, axis):
                 raise ConfigError(axis, "is empty, so the grid is empty; give at least one value")
         for i, c in enumerate(self.criteria):
@@ -537,6 +643,8 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(path, f"must be a list, got {type(value).__name__} {value!r}")
         (inner, _ellipsis) = typing.get_args(tp)
         return tuple(_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if tp is MethodConfig:
+        return _method_from(value, path)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, str) and tp in _SHORTHAND:
             value = {_SHORTHAND[tp]: value}
@@ -601,6 +709,11 @@ def to_dict(config: Any, drop_defaults: bool = False) -> Any:
         config: A config dataclass (or a value inside one).
         drop_defaults: Leave out fields equal to their default (the form hashed).
     """
+    if isinstance(config, MethodConfig):  # flat: {name, <its params>, sparsities}
+        out = {"name": config.name, **to_dict(config.params, drop_defaults)}
+        if config.sparsities or not drop_defaults:
+            out["sparsities"] = list(config.sparsities)
+        return out
     if dataclasses.is_dataclass(config):
         out = {}
         for f in dataclasses.fields(config):

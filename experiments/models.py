@@ -16,14 +16,35 @@ from typing import Any
 
 import numpy as np
 
-from experiments.config import ModelConfig
+from typing import TYPE_CHECKING
 
-__all__ = ["build", "initial_weights", "hidden_widths", "layer_positions"]
+from experiments import axes
+from experiments.registry import resolve
+
+if TYPE_CHECKING:
+    from experiments.config import ModelConfig
+
+__all__ = ["build", "initial_weights", "hidden_widths", "layer_positions", "lenet5_stem"]
 
 
 def hidden_widths(config: ModelConfig) -> tuple[int, ...]:
-    """Hidden widths of the MLPs (lenet300: 300, 100)."""
-    return (300, 100) if config.name == "lenet300" else tuple(config.widths)
+    """Hidden Dense widths: the registered model's fixed ones (lenet300: 300, 100) or ``config.widths``."""
+    fixed = axes.MODELS.get(config.name).hidden
+    return tuple(config.widths) if fixed is None else fixed
+
+
+def lenet5_stem(keras: Any, input_shape: tuple[int, ...]) -> list[Any]:
+    """lenet5's convolutions: conv(6, 5x5, same)-maxpool-conv(16, 5x5, same)-maxpool-flatten."""
+    if len(input_shape) != 3:
+        raise ValueError(f"lenet5 needs image inputs (H, W, C), got shape {tuple(input_shape)}")
+    L = keras.layers
+    return [
+        L.Conv2D(6, 5, padding="same", activation="relu", name="conv_0"),
+        L.MaxPooling2D(2, name="pool_0"),
+        L.Conv2D(16, 5, padding="same", activation="relu", name="conv_1"),
+        L.MaxPooling2D(2, name="pool_1"),
+        L.Flatten(name="flatten"),
+    ]
 
 
 def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, keras: Any) -> Any:
@@ -41,21 +62,10 @@ def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, ker
         keras: The ``keras`` module (Keras 3) or ``tf_keras``.
     """
     L = keras.layers
+    spec = axes.MODELS.get(config.name)
     layers: list[Any] = [keras.Input(shape=tuple(input_shape))]
-    if config.name == "lenet5":
-        if len(input_shape) != 3:
-            raise ValueError(f"lenet5 needs image inputs (H, W, C), got shape {tuple(input_shape)}")
-        layers += [
-            L.Conv2D(6, 5, padding="same", activation="relu", name="conv_0"),
-            L.MaxPooling2D(2, name="pool_0"),
-            L.Conv2D(16, 5, padding="same", activation="relu", name="conv_1"),
-            L.MaxPooling2D(2, name="pool_1"),
-            L.Flatten(name="flatten"),
-        ]
-        widths: tuple[int, ...] = (120, 84)
-    else:
-        layers.append(L.Flatten(name="flatten"))
-        widths = hidden_widths(config)
+    layers += resolve(spec.stem)(keras, tuple(input_shape)) if spec.stem else [L.Flatten(name="flatten")]
+    widths = hidden_widths(config)
     for i, w in enumerate(widths):
         layers.append(L.Dense(w, activation="relu", name=f"dense_{i}"))
     layers.append(L.Dense(n_classes, activation="softmax", name=f"dense_{len(widths)}"))

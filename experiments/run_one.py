@@ -13,8 +13,12 @@ Worker processes are long-lived and reused across runs of the same kind:
 ``keras3`` workers run dense, masked and sparse_tensor; ``legacy`` workers set
 ``TF_USE_LEGACY_KERAS=1`` before importing TensorFlow and run tfmot. A
 ``keras3`` process asked to run tfmot (a Dask worker) starts
-``python -m experiments.tfmot_baseline`` for it. Nothing in this module imports
-TensorFlow at import time.
+``python -m experiments.tfmot_baseline`` for it. Which process kind and which
+training function a run needs is read from its implementation's registry
+entry (:data:`experiments.axes.IMPLEMENTATIONS`; a method may replace the
+training, :data:`experiments.axes.METHODS`), so this module imports no
+implementation: :mod:`experiments.tfmot_baseline` imports it, never the other
+way round. Nothing in this module imports TensorFlow at import time.
 """
 
 from __future__ import annotations
@@ -33,19 +37,39 @@ from typing import Any
 
 import numpy as np
 
-from experiments import provenance
+from experiments import axes, provenance
 from experiments.config import RunConfig, from_dict, to_dict
+from experiments.registry import resolve
 from experiments.store import STORAGE_ERRNOS, atomic_write, config_columns, named_os_error
 from experiments.train import Diverged
 
-__all__ = ["init_process", "execute", "run_task", "kind_of", "result_path"]
+__all__ = ["init_process", "execute", "run_task", "kind_of", "result_path", "ensure_legacy_keras", "trainer_of"]
 
 _STATE: dict[str, Any] = {"kind": None, "startup": 0.0, "charged": False, "threads": (0, 0)}
 
 
 def kind_of(run: RunConfig) -> str:
-    """``legacy`` for tfmot runs (tf-keras process), ``keras3`` for the rest."""
-    return "legacy" if run.implementation.name == "tfmot" else "keras3"
+    """The process a run needs: its implementation's (``legacy`` for tfmot's tf-keras, ``keras3`` for the rest)."""
+    return axes.IMPLEMENTATIONS.get(run.implementation.name).process
+
+
+def trainer_of(run: RunConfig) -> str:
+    """``"module:function"`` that trains ``run``: its method's own (``imp``), else its implementation's."""
+    return run.method.spec.train or axes.IMPLEMENTATIONS.get(run.implementation.name).train
+
+
+def ensure_legacy_keras() -> None:
+    """Set ``TF_USE_LEGACY_KERAS=1``; fail if TensorFlow was already imported without it.
+
+    Raises:
+        RuntimeError: this process already imported TensorFlow with Keras 3.
+    """
+    if "tensorflow" in sys.modules and os.environ.get("TF_USE_LEGACY_KERAS") != "1":
+        raise RuntimeError(
+            "the tfmot baseline must run in its own process with TF_USE_LEGACY_KERAS=1 set before TensorFlow "
+            "is imported; this process already imported TensorFlow with Keras 3"
+        )
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 
 def result_path(run_dir: Path) -> Path:
@@ -89,8 +113,6 @@ def init_process(
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
     os.environ["TF_NUM_INTEROP_THREADS"] = "1"
     if kind == "legacy":
-        from experiments.tfmot_baseline import ensure_legacy_keras
-
         ensure_legacy_keras()
     t0 = time.time() if launched_at is None else launched_at
     if watch_parent:
@@ -195,14 +217,7 @@ def _execute(run: RunConfig, run_dir: Path, context: dict[str, Any]) -> dict[str
 
         with RssSampler() as rss:
             data = load(run.dataset)
-            if run.implementation.name == "tfmot":
-                from experiments.tfmot_baseline import train_tfmot
-
-                out = train_tfmot(run, data, run_dir, log)
-            else:
-                from experiments.implementations import train_keras3
-
-                out = train_keras3(run, data, run_dir, log)
+            out = resolve(trainer_of(run))(run, data, run_dir, log)
         report = out["report"]
         report.to_csv(run_dir / "sparsity_report.csv", index=False)
         nnz, size = int(report["nnz"].sum()), int(report["size"].sum())

