@@ -45,13 +45,15 @@ def check_range(path: str, value: float, lo: float | None = None, hi: float | No
         raise ConfigError(path, f"must be {'<' if hi_open else '<='} {hi}, got {value!r}")
 
 
-def resolve(target: str) -> Callable[..., Any]:
-    """The function named ``"package.module:function"``, imported on first use.
+def resolve(target: str | Callable[..., Any]) -> Callable[..., Any]:
+    """The function named ``"package.module:function"``, imported on first use (a callable is returned as is).
 
     Registry entries name the code that runs them this way, so that choosing an
     entry (in the runner's main process, or the tfmot process) imports nothing
     heavy, and no axis module has to import another.
     """
+    if callable(target):
+        return target
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -74,6 +76,10 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.what} {name!r} is registered already")
         self._entries[name] = entry
         return entry
+
+    def unregister(self, name: str) -> T:
+        """Remove and return the entry called ``name`` (for tests and interactive use)."""
+        return self._entries.pop(name)
 
     def names(self) -> tuple[str, ...]:
         """Registered names, in registration order."""

@@ -280,7 +280,7 @@ def sparse_init(
         raise ValueError(f"distribution must be one of {list(DISTRIBUTIONS)}, got {distribution!r}")
     seed = _check_seed(seed)
     targets = _targets(model, "sparse_init")
-    shapes = {t.key: tuple(t.weight.shape) for t in targets}
+    shapes = {t.key: tuple(t.read()[1].shape) for t in targets}  # dense shapes (SparseDense stores values flat)
     zeros = _dist.uniform_zeros(shapes, sparsity) if distribution == "uniform" else _dist.erk_zeros(shapes, sparsity)
     plans = []
     for t in targets:
