@@ -26,6 +26,18 @@ figure instead, ``accuracy_by_pattern``: accuracy by pattern and criterion at
 each sparsity, with the dense band. The figures above have one line per
 implementation and would mix those runs.
 
+A sweep whose sparse runs differ in method (e.g. ``experiments/configs/methods.toml``)
+gets the method figures instead, reading also each IMP run's ``levels.csv`` and
+each SET/RigL run's ``mask_updates.csv`` under ``runs/<run_id>/``:
+
+* ``accuracy_by_method``: accuracy vs sparsity per method, mean ± std over seeds,
+  dense as the reference line; IMP's points are its ticket levels at the
+  sweep's sparsities (one IMP run per seed, whose ``stops`` land on them);
+* ``imp_levels``: IMP accuracy vs fraction of weights remaining per level (log x),
+  the ticket against its controls (same mask reinitialised, random mask);
+* ``mask_changes``: SET and RigL, the fraction of live weights whose mask changed
+  at each update, vs step.
+
 Byte-identical output: every figure is drawn with the project style file
 (``experiments/paper.mplstyle``: fonts shipped with matplotlib, fixed sizes and
 dpi, ``svg.hashsalt``), from rows sorted into one fixed order, into figures
@@ -127,7 +139,7 @@ def load_sweep_with_diverged(
     runs = pd.read_csv(
         runs_path,
         dtype={"run_id": str, "matmul": str, "status": str, "implementation": str}
-        | {c: str for c in ("pattern", "criterion", "distribution")},
+        | {c: str for c in ("pattern", "criterion", "distribution", "method")},
     )
     for col in _RUN_NUMERIC:
         if col in runs.columns:
@@ -141,6 +153,10 @@ def load_sweep_with_diverged(
             runs[col] = default
         runs[col] = runs[col].fillna(default).astype(str)
         runs.loc[runs["implementation"] == "dense", col] = ""
+    if "method" not in runs.columns:  # a table from before the method axis: every sparse run was gmp
+        runs["method"] = "gmp"
+    runs["method"] = runs["method"].fillna("gmp").astype(str)
+    runs.loc[runs["implementation"] == "dense", "method"] = ""
     for col in ("dataset", "model"):  # an older or hand-made table: one unnamed pair
         if col not in runs.columns:
             runs[col] = "unknown"
@@ -314,10 +330,14 @@ def draw_figures(
             files[f"{name}.{fmt}"] = render(fig, fmt)
 
     pairs = runs[["dataset", "model"]].drop_duplicates().sort_values(["dataset", "model"]).values.tolist()
-    axes_sweep = plotting.varies_pruning_axes(runs)
+    methods_sweep = plotting.varies_method(runs)
+    axes_sweep = plotting.varies_pruning_axes(runs) and not methods_sweep
     for dataset, model in pairs:
         sub = runs[(runs["dataset"] == dataset) & (runs["model"] == model)].reset_index(drop=True)
         sfx = f"_{dataset}_{model}" if len(pairs) > 1 else ""
+        if methods_sweep:
+            _add_method_figures(add, sub, Path(results_root) / sweep / "runs", sfx)
+            continue
         if axes_sweep:
             add(f"accuracy_by_pattern{sfx}", lambda: plotting.plot_accuracy_by_pattern(sub))
             continue
@@ -335,7 +355,7 @@ def draw_figures(
             "Step time is the median training step relative to the mean dense step."
         ).replace("_", r"\_")
         files[f"main_table{sfx}.tex"] = _latex(main_table(sub, div), caption).encode()
-    if bench is not None and not axes_sweep:
+    if bench is not None and not axes_sweep and not methods_sweep:
         speed = plotting.layer_speedups(bench)
         for n_in, n_out, mode in speed[["n_in", "n_out", "mode"]].drop_duplicates().values.tolist():
             add(
@@ -352,6 +372,33 @@ def draw_figures(
         tmp.replace(path)
         written.append(path)
     return written
+
+
+def _run_tables(runs_dir: Path, run_ids: list[str], name: str) -> pd.DataFrame:
+    """The ``name`` tables (``levels.csv``, ``mask_updates.csv``) of these runs, with a ``run_id`` column."""
+    frames = []
+    for run_id in run_ids:
+        path = runs_dir / run_id / name
+        if not path.is_file():
+            raise ValueError(f"run {run_id}: {name} missing ({str(path)!r} is not a file)")
+        frames.append(pd.read_csv(path).assign(run_id=run_id))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _add_method_figures(add: Callable[[str, Callable[[], Figure]], None], runs: pd.DataFrame, runs_dir: Path, sfx: str) -> None:
+    """A sweep over the method axis: accuracy by method; IMP's levels; SET/RigL mask changes."""
+    from experiments import plotting
+
+    imp_ids = runs.loc[runs["method"] == "imp", "run_id"].tolist()
+    levels = _run_tables(runs_dir, imp_ids, "levels.csv") if imp_ids else None
+    add(f"accuracy_by_method{sfx}", lambda: plotting.plot_accuracy_by_method(runs, levels))
+    if levels is not None:
+        add(f"imp_levels{sfx}", lambda: plotting.plot_imp_levels(levels))
+    dst = runs[runs["method"].isin(["set", "rigl"])]
+    if not dst.empty:
+        updates = _run_tables(runs_dir, dst["run_id"].tolist(), "mask_updates.csv")
+        updates = updates.merge(dst[["run_id", "method", "target"]], on="run_id")
+        add(f"mask_changes{sfx}", lambda: plotting.plot_mask_changes(updates))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -282,3 +282,67 @@ def test_imp_runs_through_the_runner_and_writes_its_levels(tmp_path):
     ticket = levels[levels["variant"] == "ticket"]
     np.testing.assert_allclose(ticket["sparsity"].round(2), [0.0, 0.5, 0.75])
     assert set(levels["variant"]) == {"ticket", "reinit", "random"}
+
+
+# -- the methods figures, on a tiny results folder -----------------------------------------------------------
+
+LEVELS = """level,variant,sparsity,remaining,test_accuracy,test_loss,train_accuracy,train_loss,status
+0,ticket,0.0,1.0,0.90,0.3,0.95,0.2,ok
+1,ticket,0.5,0.5,0.91,0.3,0.95,0.2,ok
+1,reinit,0.5,0.5,0.85,0.4,0.9,0.3,ok
+1,random,0.5,0.5,0.80,0.5,0.85,0.4,ok
+2,ticket,0.7502,0.2498,0.88,0.3,0.95,0.2,ok
+2,reinit,0.7502,0.2498,0.70,0.4,0.9,0.3,ok
+2,random,0.7502,0.2498,0.60,0.5,0.85,0.4,ok
+3,ticket,0.9,0.1,0.75,0.3,0.95,0.2,ok
+3,reinit,0.9,0.1,0.50,0.4,0.9,0.3,ok
+3,random,0.9,0.1,0.40,0.5,0.85,0.4,ok
+"""
+
+
+def test_methods_figures_from_a_tiny_sweep_are_byte_identical(tmp_path):
+    from experiments import figures, plotting
+    from experiments.run_one import execute, init_process
+    from experiments.store import Store
+
+    sweep = parse_sweep({
+        "name": "m", "implementations": ["dense", "masked"], "sparsities": [0.75], "models": [{"name": "mlp", "widths": [16]}],
+        "datasets": ["digits"], "methods": ["gmp", "static", {"name": "set", "update_every": 6}, {"name": "rigl", "update_every": 6}],
+        "training": {"epochs": 1, "learning_rate": 0.01},
+    })
+    root = tmp_path / "m"
+    init_process("keras3", 1)
+    store = Store(root)
+    store.open()
+    for run in expand(sweep):
+        record = execute(run, root / "runs" / run.run_id, {"sweep": "m"})
+        assert record["row"]["status"] == "ok", record["row"]["error"]
+        store.add(record["row"], record["curves"])
+    static = next(r for r in store.rows.values() if r["method"] == "static")
+    imp_id = "masked-00000000000000aa"
+    store.add({**static, "run_id": imp_id, "method": "imp", "target_sparsity": 0.9}, [])
+    (root / "runs" / imp_id).mkdir()
+    (root / "runs" / imp_id / "levels.csv").write_text(LEVELS)
+
+    first = figures.draw_figures("m", tmp_path / "a", results_root=tmp_path)
+    second = figures.draw_figures("m", tmp_path / "b", results_root=tmp_path)
+    names = [p.name for p in first]
+    assert names == [f"{n}.{ext}" for n in ("accuracy_by_method", "imp_levels", "mask_changes") for ext in ("pdf", "png")]
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+
+    runs, _ = figures.load_sweep("m", tmp_path)
+    levels = pd.read_csv(root / "runs" / imp_id / "levels.csv").assign(run_id=imp_id)
+    points = plotting.imp_ticket_points(runs, levels)
+    assert points[["target", "test_accuracy", "level"]].values.tolist() == [[0.75, 0.88, 2]]  # 0.7502 is within 0.005
+    with pytest.raises(ValueError, match=r"has no ticket level at sparsity 0.75 \(closest 0.9000\); give the method stops"):
+        plotting.imp_ticket_points(runs, levels[levels["level"] != 2])
+    fig = plotting.plot_imp_levels(levels)
+    ticket = fig.axes[0].lines[0]
+    np.testing.assert_allclose(ticket.get_xdata(), [100, 50, 24.98, 10])
+    np.testing.assert_allclose(ticket.get_ydata(), [90, 91, 88, 75])
+    np.testing.assert_allclose(fig.axes[0].lines[1].get_ydata(), [90, 85, 70, 50])  # reinit starts at the dense level
+    set_id = next(r["run_id"] for r in store.rows.values() if r["method"] == "set")
+    log = pd.read_csv(root / "runs" / set_id / "mask_updates.csv")
+    expected = (log.groupby("step")["dropped"].sum() / log.groupby("step")["live"].sum() * 100).to_numpy()
+    updates = log.assign(run_id=set_id, method="set", target=0.75)
+    np.testing.assert_allclose(plotting.plot_mask_changes(updates).axes[0].lines[0].get_ydata(), expected)
