@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from experiments import axes
 from experiments.config import RunConfig, to_dict
 from experiments.run_one import init_process, kind_of, run_task
 from experiments.store import STORAGE_ERRNOS, config_columns
@@ -89,10 +90,12 @@ def _died(job: Job, context: dict[str, Any], error: BaseException) -> dict[str, 
     return {"row": row, "curves": []}
 
 
-def _order(job: Job) -> tuple[int, int]:
-    # Keras 3 runs first (one kind switch per slot), and within a kind the short
+def _order(job: Job) -> tuple[bool, bool, bool]:
+    # Keras 3 runs first (one kind switch per slot), and within a kind the long runs
+    # of a method with its own training (imp: many trainings) first and the short
     # dense runs last, so the slots finish close together (a shorter tail).
-    return (kind_of(job.run) == "legacy", job.run.implementation.name == "dense")
+    run = job.run
+    return (kind_of(run) == "legacy", run.method.spec.train is None, not axes.IMPLEMENTATIONS.get(run.implementation.name).prunes)
 
 
 def run_local(

@@ -8,12 +8,15 @@ sweep before anything runs:
 * unknown keys are rejected with the closest valid key (``difflib``);
 * wrong types and out-of-range values raise :class:`ConfigError` naming the
   field by its path (``training.learning_rate``, ``implementations[2].matmul``);
-* unknown implementation, model, dataset, schedule, optimizer, pattern,
-  criterion or distribution names list the valid ones;
+* unknown implementation, model, dataset, schedule, method, optimizer,
+  pattern, criterion or distribution names list the valid ones (the first
+  five are the registries of :mod:`experiments.axes`);
+* a method's own parameters are checked like any field (unknown keys with the
+  closest valid one, ranges);
 * combinations that cannot run (tfmot with a criterion other than magnitude, a
   distribution other than layer or the channel pattern; nm with a
-  distribution other than layer; block on lenet5's 4-D kernels) are refused,
-  naming the grid cell.
+  distribution other than layer; block on lenet5's 4-D kernels; a method an
+  implementation cannot run, saying why) are refused, naming the grid cell.
 
 A run is identified by :func:`config_hash`: the SHA-256 of its canonical JSON
 with every field at its default left out (open_lth's ``hashname``), so adding a
@@ -32,6 +35,8 @@ Example sweep file::
     # patterns = ["unstructured", {name = "nm", m = 2, n = 4}, {name = "block", size = [4, 4], pooling = "AVG"}]
     # criteria = ["magnitude", "snip", "random"]
     # distributions = ["layer", "global", "erk"]
+    # methods (default gmp): how masks are chosen and moved; only gmp takes the schedules below
+    # methods = ["gmp", "static", "set", {name = "rigl", update_every = 50}, {name = "imp", stops = [0.5], sparsities = [0.9]}]
 
     [[schedules]]
     kind = "polynomial"      # constant | polynomial | one_shot

@@ -15,8 +15,8 @@ _METRICS = {
     "latency_b256_ms": "latency b256 ms",
 }
 
-_AXES = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer"}
-_KEYS = ["dataset", "model", "schedule", "implementation", "pattern", "criterion", "distribution", "target_sparsity"]
+_AXES = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer", "method": "gmp"}
+_KEYS = ["dataset", "model", "schedule", "implementation", "method", "pattern", "criterion", "distribution", "target_sparsity"]
 
 
 def _label(df: pd.DataFrame) -> pd.Series:
@@ -34,7 +34,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     left out entirely (they are listed by ``status``).
 
     Returns:
-        One row per (dataset, model, schedule, implementation, pattern,
+        One row per (dataset, model, schedule, implementation, method, pattern,
         criterion, distribution, target_sparsity) with
         ``<metric>_mean``, ``<metric>_std`` for each metric, ``seeds`` (ok runs) and ``diverged``.
     """
