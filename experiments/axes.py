@@ -121,6 +121,10 @@ class Implementation:
         prunes: Takes a sparsity, a method and the pruning axes (``dense`` does not).
         takes_matmul: Accepts ``matmul`` other than ``auto``.
         check: Extra refusals for a run, ``check(run)`` raising :class:`ConfigError`.
+        build: Keras 3 only: ``"module:function"``, ``function(run, data, plain, spe)``
+            returns the sparse model (empty: the plain model is trained as it is).
+        deployed: Keras 3 only: ``"module:function"``, ``function(model)`` returns
+            its dense equivalent for the weight report (empty: the model itself).
     """
 
     name: str
@@ -129,6 +133,8 @@ class Implementation:
     prunes: bool = True
     takes_matmul: bool = False
     check: Callable[[RunConfig], None] | None = None
+    build: str = ""
+    deployed: str = ""
 
 
 IMPLEMENTATIONS: Registry[Implementation] = Registry("implementation")
@@ -374,9 +380,20 @@ MODELS.register(Model("lenet300", hidden=(300, 100)))
 MODELS.register(Model("lenet5", hidden=(120, 84), stem="experiments.models:lenet5_stem", needs_image=True, conv=True))
 MODELS.register(Model("mlp", hidden=None))
 
-IMPLEMENTATIONS.register(Implementation("dense", "experiments.implementations:train_keras3", prunes=False))
-IMPLEMENTATIONS.register(Implementation("masked", "experiments.implementations:train_keras3"))
-IMPLEMENTATIONS.register(Implementation("sparse_tensor", "experiments.implementations:train_keras3", takes_matmul=True))
+_KERAS3 = "experiments.implementations:"
+IMPLEMENTATIONS.register(Implementation("dense", _KERAS3 + "train_keras3", prunes=False))
+IMPLEMENTATIONS.register(
+    Implementation("masked", _KERAS3 + "train_keras3", build=_KERAS3 + "masked_model", deployed=_KERAS3 + "strip_masked")
+)
+IMPLEMENTATIONS.register(
+    Implementation(
+        "sparse_tensor",
+        _KERAS3 + "train_keras3",
+        takes_matmul=True,
+        build=_KERAS3 + "sparse_model",
+        deployed=_KERAS3 + "sparse_to_dense",
+    )
+)
 IMPLEMENTATIONS.register(
     Implementation("tfmot", "experiments.tfmot_baseline:train_tfmot", process="legacy", check=_check_tfmot)
 )

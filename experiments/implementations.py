@@ -64,6 +64,10 @@ __all__ = [
     "fixed_batch",
     "gradient_batch",
     "update_step",
+    "masked_model",
+    "sparse_model",
+    "strip_masked",
+    "sparse_to_dense",
 ]
 
 
@@ -116,7 +120,7 @@ def _variable_bytes(model: Any) -> int:
     return int(sum(np.asarray(v.numpy()).nbytes for v in model.weights))
 
 
-def _masked(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
+def masked_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
     """``prune.prune_low_magnitude`` with the run's schedule (prune's default for methods without one)."""
     import prune
 
@@ -124,46 +128,40 @@ def _masked(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
     return prune.prune_low_magnitude(plain, schedule, **pruning_kwargs(run))
 
 
-def _sparse(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
+def sparse_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
     """The masked model converted to SparseDense layers (compacted at mask updates; Conv2D stays masked)."""
     from prune.convert import convert  # written beside this runner; imported lazily
     from prune.layers.sparse import sparse_layers
 
-    sparse = convert(_masked(run, data, plain, spe), to="sparse", matmul=run.implementation.matmul)
+    sparse = convert(masked_model(run, data, plain, spe), to="sparse", matmul=run.implementation.matmul)
     layers = sparse_layers(sparse)
     if not layers or (run.schedule_used() is not None and any(layer.pruning_schedule is None for layer in layers)):
         raise RuntimeError("prune.convert(to='sparse') gave no SparseDense layer carrying the pruning schedule")
     return sparse
 
 
-def _strip_masked(model: Any) -> Any:
+def strip_masked(model: Any) -> Any:
+    """The masked model with its masks applied and removed (``prune.strip_pruning``)."""
     import prune
 
     return prune.strip_pruning(model)
 
 
-def _sparse_to_dense(model: Any) -> Any:
+def sparse_to_dense(model: Any) -> Any:
+    """The SparseDense model as plain Dense layers (``prune.convert(to="dense")``)."""
     from prune.convert import convert
 
     return convert(model, to="dense")
 
 
-# The Keras 3 implementations: how the model is built from the plain one, and its dense equivalent
-# afterwards (for the weight report). A new Keras 3 implementation adds a line here and registers
-# itself in experiments.axes with train="experiments.implementations:train_keras3".
-_FORMS: dict[str, tuple[Callable[..., Any] | None, Callable[[Any], Any]]] = {
-    "dense": (None, lambda model: model),
-    "masked": (_masked, _strip_masked),
-    "sparse_tensor": (_sparse, _sparse_to_dense),
-}
-
-
 def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Train ``run`` with Keras 3 and measure it.
 
-    The implementation (:data:`_FORMS`) makes the model sparse; the run's
-    method (:data:`experiments.axes.METHODS`, ``keras``) installs its masks
-    and returns the callbacks that move them.
+    The implementation's ``build`` (:data:`experiments.axes.IMPLEMENTATIONS`)
+    makes the plain model sparse; the run's method (``keras`` of
+    :data:`experiments.axes.METHODS`) installs its masks and returns the
+    callbacks that move them; the implementation's ``deployed`` gives the dense
+    equivalent for the weight report.
 
     Returns:
         A dict with ``final``, ``curves``, ``step_times``, ``fit_seconds``,
@@ -177,10 +175,9 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     plain, positions = seeded_model(run, data, keras)
     spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
     impl = axes.IMPLEMENTATIONS.get(run.implementation.name)
-    if impl.name not in _FORMS:
+    if impl.process != "keras3":
         raise ValueError(f"implementation {impl.name!r} does not run in a Keras 3 process")
-    make, dense_form = _FORMS[impl.name]
-    model = plain if make is None else make(run, data, plain, spe)
+    model = resolve(impl.build)(run, data, plain, spe) if impl.build else plain
     model.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     callbacks: list[Any] = []
     finish: Callable[[], None] | None = None
@@ -193,7 +190,7 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
         finish()
 
     # The deployed form and its dense equivalent (for nnz and FLOPs).
-    dense_equiv = dense_form(model)
+    dense_equiv = resolve(impl.deployed)(model) if impl.deployed else model
     status = "pruned" if impl.prunes else "dense"
     kernels = _kernels(dense_equiv)
     report = weight_report(

@@ -16,7 +16,6 @@ optimizer, schedule numbers in steps, the loop and its measurements
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
