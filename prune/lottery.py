@@ -22,8 +22,9 @@ prune's masked layers (:func:`prune.prune_low_magnitude`); the loop is yours
 (or the runner's, :mod:`experiments.imp`)::
 
     model = prune.prune_low_magnitude(build())           # all-ones masks
-    model.compile(opt(), loss)
     init = lottery.snapshot(model)                       # k = 0
+    lottery.rewind(model, init)                          # fixes the masks: no schedule, no callback
+    model.compile(opt(), loss)
     for sparsity in lottery.sparsity_path(0.9, rate=0.2)[1:]:
         model.fit(...)                                   # train the level
         keep = lottery.magnitude_masks(model, sparsity, scope="layer")
