@@ -21,7 +21,7 @@ import os as _os
 
 _os.environ.setdefault("TF_ENABLE_ONEDNN_SPMM", "1")
 
-from prune import embeddings
+from prune import embeddings, lottery
 from prune.dst import DynamicSparsity, dense_gradients, sparse_init
 from prune.convert import ConversionWarning, convert, unconvertible_layers
 from prune.api import is_pruned, prune_low_magnitude, strip_pruning, unsupported_layers
@@ -73,6 +73,7 @@ __all__ = [
     "FrozenEntries",
     "LazyAdam",
     "embeddings",
+    "lottery",
     "entry_stop_gradients",
     "freeze_entries",
     "transform_slices",

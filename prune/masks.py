@@ -16,7 +16,8 @@ Rules, shared by every criterion, pattern and scope:
 * Masks only shrink. Entries already pruned are ranked below every live entry,
   so they stay pruned; if the schedule asks for fewer zeros than already exist,
   the mask is left as it is. This is a rule of schedules: dynamic sparse
-  training (:mod:`prune.dst`, SET and RigL) grows entries on purpose.
+  training (:mod:`prune.dst`, SET and RigL) grows entries on purpose, and
+  :func:`prune.lottery.rewind` installs any mask (IMP's random-mask control).
 """
 
 from __future__ import annotations
