@@ -131,6 +131,36 @@ struct Error {
   std::atomic<bool> bad{false};
 };
 
+// dst[j * dst_stride + i] = src[i * src_stride + j] for i < rows, j < cols
+// (rows, cols <= 8); a full 8x8 block in AVX2 registers, else element by element.
+inline void Transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                       int64_t cols) {
+#ifdef __AVX2__
+  if (rows == 8 && cols == 8) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    // r[0..3]: columns 0, 1, 2, 3 of rows 0-3 (low lane) and columns 4-7 (high lane); r[4..7] rows 4-7
+    for (int j = 0; j < 4; ++j) {
+      _mm256_storeu_ps(dst + j * dst_stride, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+      _mm256_storeu_ps(dst + (j + 4) * dst_stride, _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[j * dst_stride + i] = src[i * src_stride + j];
+}
+
 // The value of the k-th entry of m: vals[k], or vals[perm[k]] (range-checked) when kPerm.
 template <bool kPerm>
 inline bool Value(const Csr& m, const float* vals, int64_t nnz, int64_t k, float* v) {
@@ -154,15 +184,13 @@ void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* val
   const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
   float* buf = Scratch(0, n_cols * W);
   float* obuf = Scratch(1, kRowBlock * W);
-  for (int64_t c0 = 0; c0 < n_cols; c0 += 16) {  // transpose x[b0:b0+tb, :] into buf[c * W + q]
-    const int64_t cn = std::min<int64_t>(16, n_cols - c0);
-    for (int64_t q = 0; q < W; ++q) {
-      if (q < tb) {
-        const float* src = x + (b0 + q) * n_cols + c0;
-        for (int64_t cc = 0; cc < cn; ++cc) buf[(c0 + cc) * W + q] = src[cc];
-      } else {
-        for (int64_t cc = 0; cc < cn; ++cc) buf[(c0 + cc) * W + q] = 0.0f;
-      }
+  for (int64_t c0 = 0; c0 < n_cols; c0 += 8) {  // transpose x[b0:b0+tb, :] into buf[c * W + q], zero for q >= tb
+    const int64_t cn = std::min<int64_t>(8, n_cols - c0);
+    for (int64_t q0 = 0; q0 < W; q0 += 8) {
+      const int64_t qn = std::max<int64_t>(0, std::min<int64_t>(8, tb - q0));
+      Transpose8(x + (b0 + q0) * n_cols + c0, n_cols, buf + c0 * W + q0, W, qn, cn);
+      for (int64_t cc = 0; cc < cn; ++cc)
+        for (int64_t q = qn; q < 8; ++q) buf[(c0 + cc) * W + q0 + q] = 0.0f;
     }
   }
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
@@ -191,10 +219,10 @@ void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* val
       vec* o = reinterpret_cast<vec*>(obuf + (r - rb) * W);
       for (int q = 0; q < NV; ++q) o[q] = a[q] + b[q];
     }
-    for (int64_t q = 0; q < tb; ++q) {
-      float* dst = y + (b0 + q) * n_rows;
-      for (int64_t r = rb; r < re; ++r) dst[r] = obuf[(r - rb) * W + q];
-    }
+    for (int64_t q0 = 0; q0 < tb; q0 += 8)  // y[b0 + q, r] = obuf[(r - rb) * W + q]
+      for (int64_t r = rb; r < re; r += 8)
+        Transpose8(obuf + (r - rb) * W + q0, W, y + (b0 + q0) * n_rows + r, n_rows, std::min<int64_t>(8, re - r),
+                   std::min<int64_t>(8, tb - q0));
   }
 }
 
