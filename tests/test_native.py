@@ -56,6 +56,8 @@ SHAPES = [
     (300, 200, 3, 0.3, True, False),
     (200, 300, 7, 0.6, False, True),
     (90, 70, 100, 0.2, True, True),  # 4 batch tiles: values gathered into W^T order once, then the tiles
+    (300, 40, 40, 0.3, True, True),  # one forward tile larger than L1, values read through tperm
+    (300, 40, 100, 0.3, False, True),  # the same after the value gather
 ]
 
 
@@ -134,6 +136,11 @@ def test_native_op_rejects_a_corrupt_structure():
     for batch in (9, 300):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad_perm, n_in=2, n_out=2)
+    long = native.structure(np.stack([np.arange(300), np.zeros(300, int)], 1), 300, 1)  # one W^T row of 300
+    long[300 + 1 + 300 + 2 + 150] = 300  # a column of W^T beyond n_in, in the middle of a long row
+    for batch in (9, 300):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
+            lib.prune_spmm(np.ones((batch, 300), np.float32), np.ones(300, np.float32), long, n_in=300, n_out=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="structure must have"):
         lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(3, np.float32), good, n_in=2, n_out=2)
 
