@@ -51,10 +51,10 @@ SHAPES = [
     (64, 16, 17, 0.0, False, False),
     (40, 40, 256, 1.0, False, False),  # nnz 0, full tiles
     # batch below one vector: forward scatters along W's rows, input gradient gathers (AVX2: 16 entries a
-    # vector pass at batch 1); 42k entries so that the work is split over the threads
-    (300, 200, 1, 0.3, True, True),
-    (300, 200, 3, 0.3, True, False),
-    (200, 300, 7, 0.6, False, True),
+    # vector pass at batch 1); from 160k multiply-adds the work is split over the threads
+    (600, 400, 1, 0.2, True, True),
+    (300, 200, 3, 0.3, True, False),  # 126k multiply-adds: on the calling thread
+    (400, 600, 7, 0.5, False, True),
     (90, 70, 100, 0.2, True, True),  # 4 batch tiles: values gathered into W^T order once, then the tiles
     (300, 40, 40, 0.3, True, True),  # one forward tile larger than L1, values read through tperm
     (300, 40, 100, 0.3, False, True),  # the same after the value gather
