@@ -22,7 +22,23 @@ so the fixed cost of calling a function (~0.4 ms here) is not in it. For a
 * ``native layer``: a whole ``SparseDense(matmul="native")`` call (the op, the
   reshapes and the bias).
 
-    python benchmarks/csr_overhead.py
+Then, for the native forward op alone at batch 1, 32 and 256 and sparsity
+80/90/99% (``--breakdown-only`` runs just this part), its per-part times
+from the op's benchmark-only ``profile`` attribute (see ``sparse_ops.cc``):
+
+* ``fixed``: the op with ``profile=1`` (checks of the structure and the
+  output allocation; no work);
+* ``value gather``: ``profile=2`` minus ``fixed`` (gathering the values into
+  ``W^T`` order, done only with more batch tiles than threads, i.e. batch 256);
+* ``transposes``: ``profile=3`` minus ``profile=2`` (or minus ``fixed``):
+  transposing the input tiles and writing the output tiles back, without the
+  multiply-adds (tiled paths, batch >= 8 on AVX2);
+* ``multiply-adds``: the whole op minus ``profile=3`` (tiled) or minus
+  ``fixed`` (batch below 8: the scatter has no separate parts);
+* per multiply-add: that time over ``nnz * batch``, against dense's time over
+  ``n_in * n_out * batch``.
+
+    python benchmarks/csr_overhead.py [--breakdown-only]
 """
 
 from __future__ import annotations
@@ -127,5 +143,51 @@ def main() -> None:
             )
 
 
+def breakdown(lib) -> None:
+    """Per-part times of the native forward op (module docstring), per application inside one graph."""
+    rng = np.random.default_rng(1)
+    print(f"native forward op by part, {N}x{N}, per application inside one graph (ms); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    for batch in (1, 32, 256):
+        xs = [tf.constant(rng.normal(size=(batch, N)).astype("float32")) for _ in range(K)]
+        for sparsity in (0.8, 0.9, 0.99):
+            mask = rng.random((N, N)) >= sparsity
+            w = (rng.normal(size=(N, N)) * mask).astype("float32")
+            nat = SparseDense.from_dense(w, mask, matmul="native")
+            st, v = nat.native_structure.value, nat.values.value
+            dense_w = tf.constant(w)
+
+            def op(profile):
+                return _pair(lambda x: lib.prune_spmm(x, v, st, n_in=N, n_out=N, profile=profile), xs)
+
+            ops = {"dense": _pair(lambda x: tf.matmul(x, dense_w), xs), "op": op(0), "p1": op(1)}
+            tiled = batch >= 8
+            if tiled:
+                ops["p2"], ops["p3"] = op(2), op(3)
+            ms = _per_application(ops)
+            parts = {"fixed": ms["p1"]}
+            if tiled:
+                gathers = batch > 64  # more batch tiles than the 2 threads: the values are gathered first
+                parts["value gather"] = ms["p2"] - ms["p1"] if gathers else 0.0
+                parts["transposes"] = ms["p3"] - (ms["p2"] if gathers else ms["p1"])
+                parts["multiply-adds"] = ms["op"] - ms["p3"]
+            else:
+                parts["multiply-adds"] = ms["op"] - ms["p1"]
+            nnz = nat.nnz
+            print(
+                f"batch {batch:3d} sparsity {sparsity:.2f} (nnz {nnz}): dense {ms['dense']:.3f} | op {ms['op']:.3f} "
+                f"({ms['dense'] / ms['op']:.2f}x dense) = " + " + ".join(f"{k} {t:.3f}" for k, t in parts.items())
+                + f" | ns per multiply-add: native {parts['multiply-adds'] * 1e6 / (nnz * batch):.4f}, "
+                f"dense {ms['dense'] * 1e6 / (N * N * batch):.4f}",
+                flush=True,
+            )
+
+
 if __name__ == "__main__":
-    main()
+    if "--breakdown-only" in sys.argv[1:]:
+        tf.config.threading.set_intra_op_parallelism_threads(INTRA)
+        tf.config.threading.set_inter_op_parallelism_threads(INTER)
+    else:
+        main()
+    if native.load() is not None:
+        breakdown(native.load())

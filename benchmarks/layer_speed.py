@@ -388,15 +388,15 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
+    if args.fit:  # before the report, which needs every implementation (a fit run may time only densify/native)
+        for k, coef in fit_cost_model(df).items():
+            print(f"fitted {k}: " + ", ".join(f"{c:.4g}" for c in coef), flush=True)
     summary = summarise(df)
     summary.to_csv(out.with_name(out.stem + "_summary.csv"), index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500):
         print(summary.to_string(index=False))
     print(write_report(df, out.with_suffix(".md")))
     print(f"wrote {out} ({len(df)} rows) in {time.perf_counter() - t0:.0f}s")
-    if args.fit:
-        for k, coef in fit_cost_model(df).items():
-            print(f"fitted {k}: " + ", ".join(f"{c:.4g}" for c in coef))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,14 @@ SHAPES = [
     (20, 45, 1, 0.8, False, True),
     (64, 16, 17, 0.0, False, False),
     (40, 40, 256, 1.0, False, False),  # nnz 0, full tiles
+    # batch below one vector: forward scatters along W's rows, input gradient gathers (AVX2: 16 entries a
+    # vector pass at batch 1); from 160k multiply-adds the work is split over the threads
+    (600, 400, 1, 0.2, True, True),
+    (300, 200, 3, 0.3, True, False),  # 126k multiply-adds: on the calling thread
+    (400, 600, 7, 0.5, False, True),
+    (90, 70, 100, 0.2, True, True),  # 4 batch tiles: values gathered into W^T order once, then the tiles
+    (300, 40, 40, 0.3, True, True),  # one forward tile larger than L1, values read through tperm
+    (300, 40, 100, 0.3, False, True),  # the same after the value gather
 ]
 
 
@@ -116,6 +124,23 @@ def test_native_op_rejects_a_corrupt_structure():
     for batch in (1, 9):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad, n_in=2, n_out=2, transpose=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):  # forward at batch 1 scatters along W
+        lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(2, np.float32), bad, n_in=2, n_out=2)
+    bad_t = good.copy()
+    bad_t[8] = 7  # a column of W^T (tcols, after rp, cols and trp) beyond n_in
+    for batch in (9, 300):  # forward tiles along W^T: one tile reading through tperm; tperm gathered first
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
+            lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad_t, n_in=2, n_out=2)
+    bad_perm = good.copy()
+    bad_perm[-1] = 2  # a position beyond nnz in tperm, the last part of the structure
+    for batch in (9, 300):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
+            lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad_perm, n_in=2, n_out=2)
+    long = native.structure(np.stack([np.arange(300), np.zeros(300, int)], 1), 300, 1)  # one W^T row of 300
+    long[300 + 1 + 300 + 2 + 150] = 300  # a column of W^T beyond n_in, in the middle of a long row
+    for batch in (9, 300):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
+            lib.prune_spmm(np.ones((batch, 300), np.float32), np.ones(300, np.float32), long, n_in=300, n_out=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="structure must have"):
         lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(3, np.float32), good, n_in=2, n_out=2)
 

@@ -10,9 +10,13 @@
 // CSR of W^T (rows = output units); tperm[k]: the position in `values` of the
 // k-th entry of W^T.
 //
-//   PruneSpmm(x, values, structure; n_in, n_out, transpose)
+//   PruneSpmm(x, values, structure; n_in, n_out, transpose, profile)
 //       transpose = false: y = x @ W    (x [batch, n_in],  y [batch, n_out])
 //       transpose = true:  y = x @ W^T  (x [batch, n_out], y [batch, n_in]), the input gradient
+//       profile (benchmark only, benchmarks/csr_overhead.py; 0 = normal): 1 returns after
+//       the checks and the output allocation, y unwritten; 2 (forward, more tiles than
+//       threads) returns after gathering the values into W^T order; 3 skips the
+//       multiply-adds of the tiled paths (transposes and write-back only, y garbage).
 //   PruneSddmm(x, dy, values, structure; n_in, n_out)
 //       dv[k] = sum_b x[b, i_k] * dy[b, j_k] for the k-th stored entry (i_k, j_k):
 //       the values gradient (a sampled dense-dense product), no [nnz, batch] temporary.
@@ -21,12 +25,26 @@
 // through tiles of up to 4 vectors of batch rows: the tile of x is
 // transposed into a [n_features, tile] buffer that stays in cache and each
 // output row accumulates value * buffer[col] with vector FMAs, two entries
-// at a time. The forward tile pass walks W^T and first gathers the values
-// into W^T order (one pass over nnz, in parallel); the input gradient walks W
-// as stored. Smaller batches walk W's rows directly: the forward pass
-// scatters into per-unit partial outputs that are summed at the end, the
-// input gradient gathers. Work runs on the op's intra-op thread pool. Every
-// column and permutation entry is range-checked as it is read, so a corrupt
+// at a time. The input gradient walks W as stored. The forward pass walks
+// W^T, whose values are not stored in its order: with at most one batch tile
+// per thread (batch <= 64 on 2 threads) each tile reads values[tperm[k]] as
+// it goes; with more tiles the values are first gathered into W^T order once
+// (in parallel, into a per-thread buffer kept across calls) so that the tiles
+// do not repeat the indirect reads.
+//
+// Smaller batches (B < one vector) transpose nothing: the forward pass
+// scatters along W's rows (values read in stored order, no tperm) into a
+// partial output per unit of work, summed at the end, skipping input
+// features that are zero in every batch row; the input gradient computes one
+// dot product per output row and batch row along W's rows, with independent
+// accumulators (at batch 1 with AVX2: 8-entry vector gathers of x). Measured
+// on AVX2 (2 threads): reading values through tperm at batch 1 costs 2-3x the
+// scatter, as the indirect reads miss L2.
+//
+// Work runs on the op's intra-op thread pool; the small-batch paths split only
+// from about 160k multiply-adds (kSmallUnit; a smaller op runs on the calling
+// thread). Every column and
+// permutation entry is range-checked before it is used, so a corrupt
 // structure gives InvalidArgument, never a wild read.
 
 #include <algorithm>
@@ -36,6 +54,10 @@
 #include <cstring>
 #include <functional>
 #include <vector>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -60,8 +82,8 @@ typedef float vec __attribute__((vector_size(32)));
 
 // Per-thread scratch, grown on demand and reused across calls.
 float* Scratch(int which, size_t n) {
-  thread_local float* bufs[2] = {nullptr, nullptr};
-  thread_local size_t caps[2] = {0, 0};
+  thread_local float* bufs[3] = {nullptr, nullptr, nullptr};
+  thread_local size_t caps[3] = {0, 0, 0};
   if (caps[which] < n) {
     std::free(bufs[which]);
     bufs[which] = static_cast<float*>(std::aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64));
@@ -110,25 +132,66 @@ struct Error {
   std::atomic<bool> bad{false};
 };
 
+// dst[j * dst_stride + i] = src[i * src_stride + j] for i < rows, j < cols
+// (rows, cols <= 8); a full 8x8 block in AVX2 registers, else element by element.
+inline void Transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                       int64_t cols) {
+#ifdef __AVX2__
+  if (rows == 8 && cols == 8) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    // r[0..3]: columns 0, 1, 2, 3 of rows 0-3 (low lane) and columns 4-7 (high lane); r[4..7] rows 4-7
+    for (int j = 0; j < 4; ++j) {
+      _mm256_storeu_ps(dst + j * dst_stride, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+      _mm256_storeu_ps(dst + (j + 4) * dst_stride, _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[j * dst_stride + i] = src[i * src_stride + j];
+}
+
+// The value of the k-th entry of m: vals[k], or vals[perm[k]] (range-checked) when kPerm.
+template <bool kPerm>
+inline bool Value(const Csr& m, const float* vals, int64_t nnz, int64_t k, float* v) {
+  if (!kPerm) {
+    *v = vals[k];
+    return true;
+  }
+  const uint32_t p = static_cast<uint32_t>(m.perm[k]);
+  if (p >= nnz) return false;
+  *v = vals[p];
+  return true;
+}
+
 // Tile of NV vectors of batch rows [b0, b0 + tb), output rows [r0, r1):
 // y[b, r] = sum_k vals[k] * x[b, cols[k]] over row r of the matrix.
-template <int NV>
-void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* vals, int64_t r0, int64_t r1, float* y,
-          Error* err) {
+template <int NV, bool kPerm>
+void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* vals, int64_t nnz, int64_t r0, int64_t r1,
+          float* y, Error* err, bool products) {
   constexpr int64_t W = NV * kLanes;
   constexpr int64_t kRowBlock = 64;
   const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
   float* buf = Scratch(0, n_cols * W);
   float* obuf = Scratch(1, kRowBlock * W);
-  for (int64_t c0 = 0; c0 < n_cols; c0 += 16) {  // transpose x[b0:b0+tb, :] into buf[c * W + q]
-    const int64_t cn = std::min<int64_t>(16, n_cols - c0);
-    for (int64_t q = 0; q < W; ++q) {
-      if (q < tb) {
-        const float* src = x + (b0 + q) * n_cols + c0;
-        for (int64_t cc = 0; cc < cn; ++cc) buf[(c0 + cc) * W + q] = src[cc];
-      } else {
-        for (int64_t cc = 0; cc < cn; ++cc) buf[(c0 + cc) * W + q] = 0.0f;
-      }
+  for (int64_t c0 = 0; c0 < n_cols; c0 += 8) {  // transpose x[b0:b0+tb, :] into buf[c * W + q], zero for q >= tb
+    const int64_t cn = std::min<int64_t>(8, n_cols - c0);
+    for (int64_t q0 = 0; q0 < W; q0 += 8) {
+      const int64_t qn = std::max<int64_t>(0, std::min<int64_t>(8, tb - q0));
+      Transpose8(x + (b0 + q0) * n_cols + c0, n_cols, buf + c0 * W + q0, W, qn, cn);
+      for (int64_t cc = 0; cc < cn; ++cc)
+        for (int64_t q = qn; q < 8; ++q) buf[(c0 + cc) * W + q0 + q] = 0.0f;
     }
   }
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
@@ -137,39 +200,48 @@ void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* val
       vec a[NV], b[NV];
       for (int q = 0; q < NV; ++q) a[q] = b[q] = vec{};
       int64_t k = m.rp[r];
-      const int64_t e = m.rp[r + 1];
+      const int64_t e = products ? m.rp[r + 1] : k;  // !products: the transposes alone (profile 3)
       for (; k + 1 < e; k += 2) {
         const uint32_t c0 = static_cast<uint32_t>(m.cols[k]), c1 = static_cast<uint32_t>(m.cols[k + 1]);
         if (c0 >= n_cols || c1 >= n_cols) { err->bad = true; return; }
+        float v0, v1;
+        if (!Value<kPerm>(m, vals, nnz, k, &v0) || !Value<kPerm>(m, vals, nnz, k + 1, &v1)) { err->bad = true; return; }
         const vec* p0 = reinterpret_cast<const vec*>(buf + c0 * W);
         const vec* p1 = reinterpret_cast<const vec*>(buf + c1 * W);
-        const float v0 = vals[k], v1 = vals[k + 1];
         for (int q = 0; q < NV; ++q) { a[q] += v0 * p0[q]; b[q] += v1 * p1[q]; }
       }
       if (k < e) {
         const uint32_t c0 = static_cast<uint32_t>(m.cols[k]);
-        if (c0 >= n_cols) { err->bad = true; return; }
+        float v0;
+        if (c0 >= n_cols || !Value<kPerm>(m, vals, nnz, k, &v0)) { err->bad = true; return; }
         const vec* p0 = reinterpret_cast<const vec*>(buf + c0 * W);
-        for (int q = 0; q < NV; ++q) a[q] += vals[k] * p0[q];
+        for (int q = 0; q < NV; ++q) a[q] += v0 * p0[q];
       }
       vec* o = reinterpret_cast<vec*>(obuf + (r - rb) * W);
       for (int q = 0; q < NV; ++q) o[q] = a[q] + b[q];
     }
-    for (int64_t q = 0; q < tb; ++q) {
-      float* dst = y + (b0 + q) * n_rows;
-      for (int64_t r = rb; r < re; ++r) dst[r] = obuf[(r - rb) * W + q];
-    }
+    for (int64_t q0 = 0; q0 < tb; q0 += 8)  // y[b0 + q, r] = obuf[(r - rb) * W + q]
+      for (int64_t r = rb; r < re; r += 8)
+        Transpose8(obuf + (r - rb) * W + q0, W, y + (b0 + q0) * n_rows + r, n_rows, std::min<int64_t>(8, re - r),
+                   std::min<int64_t>(8, tb - q0));
   }
 }
 
-// y = x @ M^T for M given by CSR (rows = outputs): tiles over the batch.
-void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, float* y,
-                 Error* err) {
-  const int threads = NumThreads(ctx);
-  // 4 vectors per tile (measured best of 1..8 at 1024x1024 and 4096x4096 on
-  // AVX2) while the transposed tile fits in half of L2, and no wider than the batch.
+// Vectors of batch rows per tile: 4 (measured best of 1..8 at 1024x1024 and
+// 4096x4096 on AVX2) while the transposed tile fits in half of L2, and no
+// wider than the batch.
+int TileVectors(int64_t n_cols, int64_t batch) {
   int nv = 4;
-  while (nv > 1 && (m.n_cols * nv * kLanes * 4 > (256 << 10) || (nv / 2) * kLanes >= batch)) nv /= 2;
+  while (nv > 1 && (n_cols * nv * kLanes * 4 > (256 << 10) || (nv / 2) * kLanes >= batch)) nv /= 2;
+  return nv;
+}
+
+// y = x @ M^T for M given by CSR (rows = outputs): tiles over the batch.
+template <bool kPerm>
+void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, int64_t nnz,
+                 float* y, Error* err, bool products = true) {
+  const int threads = NumThreads(ctx);
+  const int nv = TileVectors(m.n_cols, batch);
   const int64_t w = nv * kLanes, tiles = (batch + w - 1) / w;
   // Split output rows as well when there are fewer tiles than threads.
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>((2 * threads + tiles - 1) / tiles, (m.n_rows + 63) / 64));
@@ -179,58 +251,205 @@ void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
     const int64_t b0 = t * w, tb = std::min(w, batch - b0);
     if (bounds[s] >= bounds[s + 1]) return;
     switch (nv) {
-      case 4: Tile<4>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, err); break;
-      case 2: Tile<2>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, err); break;
-      default: Tile<1>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, err); break;
+      case 4: Tile<4, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products); break;
+      case 2: Tile<2, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products); break;
+      default: Tile<1, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products); break;
     }
   });
 }
 
-// Small batch, gather: y[b, r] = sum over row r of M of vals[k] * x[b, cols[k]].
-void SmallGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, float* y,
-                 Error* err) {
-  const int64_t units = std::min<int64_t>(2 * NumThreads(ctx), std::max<int64_t>(1, m.rp[m.n_rows] / 8192));
+// Multiply-adds per unit of work of the small-batch paths. One thread does
+// about 1 ns per multiply-add there, and waking the pool costs 0.07-0.1 ms
+// (measured at batch 1, 1024x1024, AVX2, 2 threads: 90% sparse took 0.10 ms
+// on the calling thread against 0.17 ms split over two), so an op is split
+// only from about 160k multiply-adds; a smaller one runs on the calling thread.
+constexpr int64_t kSmallUnit = 81920;
+
+// Small batch (B < one vector of rows), output rows [r0, r1): one dot product
+// per output row and batch row over the row's entries, y[b, r] = sum_k
+// value_k * x[b, cols[k]], with U independent accumulators per batch row
+// (entries k, k + 1, ... go to different ones) so that the FMA latency does
+// not chain. x's rows stay in L1/L2; nothing is transposed or buffered.
+template <int B, bool kPerm>
+void RowDots(const float* x, const Csr& m, const float* vals, int64_t nnz, int64_t r0, int64_t r1, float* y,
+             Error* err) {
+  constexpr int U = B == 1 ? 4 : 2;
+  const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    float acc[U][B];
+    for (int u = 0; u < U; ++u)
+      for (int b = 0; b < B; ++b) acc[u][b] = 0.0f;
+    int64_t k = m.rp[r];
+    const int64_t e = m.rp[r + 1];
+    for (; k + U <= e; k += U) {
+      uint32_t c[U];
+      float v[U];
+      bool bad = false;
+      for (int u = 0; u < U; ++u) {
+        c[u] = static_cast<uint32_t>(m.cols[k + u]);
+        bad |= c[u] >= n_cols || !Value<kPerm>(m, vals, nnz, k + u, &v[u]);
+      }
+      if (bad) { err->bad = true; return; }
+      for (int u = 0; u < U; ++u)
+        for (int b = 0; b < B; ++b) acc[u][b] += v[u] * x[b * n_cols + c[u]];
+    }
+    for (; k < e; ++k) {
+      const uint32_t c = static_cast<uint32_t>(m.cols[k]);
+      float v;
+      if (c >= n_cols || !Value<kPerm>(m, vals, nnz, k, &v)) { err->bad = true; return; }
+      for (int b = 0; b < B; ++b) acc[0][b] += v * x[b * n_cols + c];
+    }
+    for (int b = 0; b < B; ++b) {
+      float s = acc[0][b];
+      for (int u = 1; u < U; ++u) s += acc[u][b];
+      y[b * n_rows + r] = s;
+    }
+  }
+}
+
+#ifdef __AVX2__
+// Batch 1 with AVX2: eight entries at a time, x (and, with kPerm, the values)
+// fetched by vector gathers; the eight columns (and positions) are range-checked
+// with one vector compare before they are used.
+template <bool kPerm>
+void RowDots1(const float* x, const Csr& m, const float* vals, int64_t nnz, int64_t r0, int64_t r1, float* y,
+              Error* err) {
+  const __m256i col_max = _mm256_set1_epi32(static_cast<int32_t>(m.n_cols - 1));
+  const __m256i pos_max = _mm256_set1_epi32(static_cast<int32_t>(nnz - 1));
+  for (int64_t r = r0; r < r1; ++r) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = m.rp[r];
+    const int64_t e = m.rp[r + 1];
+    for (; k + 16 <= e; k += 16) {
+      const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.cols + k));
+      const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.cols + k + 8));
+      __m256i ok = _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_max_epu32(c0, col_max), col_max),
+                                    _mm256_cmpeq_epi32(_mm256_max_epu32(c1, col_max), col_max));
+      __m256 v0, v1;
+      if (kPerm) {
+        const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.perm + k));
+        const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.perm + k + 8));
+        ok = _mm256_and_si256(ok, _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_max_epu32(p0, pos_max), pos_max),
+                                                   _mm256_cmpeq_epi32(_mm256_max_epu32(p1, pos_max), pos_max)));
+        if (_mm256_movemask_epi8(ok) != -1) { err->bad = true; return; }
+        v0 = _mm256_i32gather_ps(vals, p0, 4);
+        v1 = _mm256_i32gather_ps(vals, p1, 4);
+      } else {
+        if (_mm256_movemask_epi8(ok) != -1) { err->bad = true; return; }
+        v0 = _mm256_loadu_ps(vals + k);
+        v1 = _mm256_loadu_ps(vals + k + 8);
+      }
+      a0 = _mm256_fmadd_ps(v0, _mm256_i32gather_ps(x, c0, 4), a0);
+      a1 = _mm256_fmadd_ps(v1, _mm256_i32gather_ps(x, c1, 4), a1);
+    }
+    float s0 = 0.0f, s1 = 0.0f;
+    for (; k + 1 < e; k += 2) {
+      const uint32_t c0 = static_cast<uint32_t>(m.cols[k]), c1 = static_cast<uint32_t>(m.cols[k + 1]);
+      float v0, v1;
+      if (c0 >= m.n_cols || c1 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0) ||
+          !Value<kPerm>(m, vals, nnz, k + 1, &v1)) { err->bad = true; return; }
+      s0 += v0 * x[c0];
+      s1 += v1 * x[c1];
+    }
+    if (k < e) {
+      const uint32_t c0 = static_cast<uint32_t>(m.cols[k]);
+      float v0;
+      if (c0 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0)) { err->bad = true; return; }
+      s0 += v0 * x[c0];
+    }
+    const __m256 a = _mm256_add_ps(a0, a1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    y[r] = _mm_cvtss_f32(h) + (s0 + s1);
+  }
+}
+#endif
+
+template <int B, bool kPerm>
+void SmallBatch(OpKernelContext* ctx, const float* x, const Csr& m, const float* vals, int64_t nnz, float* y,
+                Error* err) {
+  const int64_t units = std::min<int64_t>(2 * NumThreads(ctx), std::max<int64_t>(1, nnz * B / kSmallUnit));
   const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, units);
   Parallel(ctx, units, [&](int64_t u) {
-    for (int64_t r = bounds[u]; r < bounds[u + 1]; ++r) {
-      float acc[kLanes] = {0};
-      for (int64_t k = m.rp[r]; k < m.rp[r + 1]; ++k) {
-        const uint32_t c = static_cast<uint32_t>(m.cols[k]);
-        if (c >= m.n_cols) { err->bad = true; return; }
-        const float v = vals[k];
-        for (int64_t b = 0; b < batch; ++b) acc[b] += v * x[b * m.n_cols + c];
-      }
-      for (int64_t b = 0; b < batch; ++b) y[b * m.n_rows + r] = acc[b];
-    }
+#ifdef __AVX2__
+    if (B == 1) return RowDots1<kPerm>(x, m, vals, nnz, bounds[u], bounds[u + 1], y, err);
+#endif
+    RowDots<B, kPerm>(x, m, vals, nnz, bounds[u], bounds[u + 1], y, err);
   });
 }
 
-// Small batch, scatter: y[b, cols[k]] += vals[k] * x[b, r] over the rows r of M
-// (here rows = inputs), each unit into its own partial output, summed at the end.
-void SmallScatter(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, float* y,
-                  Error* err) {
+// Small batch, scatter along M's rows (rows = inputs here, M = W with values as
+// stored): out[b, cols[k]] += vals[k] * x[b, r], each unit into its own
+// partial output (unit 0 into y), summed at the end.
+template <int B>
+void ScatterRows(const float* x, const Csr& m, const float* vals, int64_t r0, int64_t r1, float* out, Error* err) {
   const int64_t n_out = m.n_cols, n_in = m.n_rows;
-  const int64_t units = std::min<int64_t>(NumThreads(ctx), std::max<int64_t>(1, m.rp[n_in] / 16384));
-  const std::vector<int64_t> bounds = SplitRows(m.rp, n_in, units);
-  std::vector<float> partial((units - 1) * batch * n_out);
-  Parallel(ctx, units, [&](int64_t u) {
-    float* out = u == 0 ? y : partial.data() + (u - 1) * batch * n_out;
-    std::memset(out, 0, sizeof(float) * batch * n_out);
-    for (int64_t r = bounds[u]; r < bounds[u + 1]; ++r) {
-      for (int64_t b = 0; b < batch; ++b) {
-        const float xv = x[b * n_in + r];
-        float* ob = out + b * n_out;
-        for (int64_t k = m.rp[r]; k < m.rp[r + 1]; ++k) {
-          const uint32_t c = static_cast<uint32_t>(m.cols[k]);
-          if (c >= n_out) { err->bad = true; return; }
-          ob[c] += vals[k] * xv;
-        }
-      }
+  std::memset(out, 0, sizeof(float) * B * n_out);
+  for (int64_t r = r0; r < r1; ++r) {
+    float xv[B];
+    bool any = false;
+    for (int b = 0; b < B; ++b) any |= (xv[b] = x[b * n_in + r]) != 0.0f;
+    if (!any) continue;  // e.g. a ReLU zero: the row adds nothing
+    for (int64_t k = m.rp[r], e = m.rp[r + 1]; k < e; ++k) {
+      const uint32_t c = static_cast<uint32_t>(m.cols[k]);
+      if (c >= n_out) { err->bad = true; return; }
+      const float v = vals[k];
+      for (int b = 0; b < B; ++b) out[b * n_out + c] += v * xv[b];
     }
+  }
+}
+
+template <int B>
+void SmallScatter(OpKernelContext* ctx, const float* x, const Csr& m, const float* vals, int64_t nnz, float* y,
+                  Error* err) {
+  const int64_t n_out = m.n_cols;
+  const int64_t units = std::min<int64_t>(NumThreads(ctx), std::max<int64_t>(1, nnz * B / kSmallUnit));
+  const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, units);
+  std::vector<float> partial((units - 1) * B * n_out);
+  Parallel(ctx, units, [&](int64_t u) {
+    ScatterRows<B>(x, m, vals, bounds[u], bounds[u + 1], u == 0 ? y : partial.data() + (u - 1) * B * n_out, err);
   });
   for (int64_t u = 1; u < units; ++u) {
-    const float* p = partial.data() + (u - 1) * batch * n_out;
-    for (int64_t i = 0; i < batch * n_out; ++i) y[i] += p[i];
+    const float* p = partial.data() + (u - 1) * B * n_out;
+    for (int64_t i = 0; i < B * n_out; ++i) y[i] += p[i];
+  }
+}
+
+void SmallScatterAny(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, int64_t nnz,
+                     float* y, Error* err) {
+  static_assert(kLanes <= 16, "SmallScatterAny dispatches batches below 16");
+  switch (batch) {
+    case 1: SmallScatter<1>(ctx, x, m, vals, nnz, y, err); break;
+    case 2: SmallScatter<2>(ctx, x, m, vals, nnz, y, err); break;
+    case 3: SmallScatter<3>(ctx, x, m, vals, nnz, y, err); break;
+    case 4: SmallScatter<4>(ctx, x, m, vals, nnz, y, err); break;
+    case 5: SmallScatter<5>(ctx, x, m, vals, nnz, y, err); break;
+    case 6: SmallScatter<6>(ctx, x, m, vals, nnz, y, err); break;
+    case 7: SmallScatter<7>(ctx, x, m, vals, nnz, y, err); break;
+    default:  // 8..15 (AVX-512 only): the first 8 rows, then the rest
+      SmallScatter<8>(ctx, x, m, vals, nnz, y, err);
+      SmallScatterAny(ctx, x + 8 * m.n_rows, batch - 8, m, vals, nnz, y + 8 * m.n_cols, err);
+      break;
+  }
+}
+
+template <bool kPerm>
+void SmallGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, int64_t nnz,
+                 float* y, Error* err) {
+  static_assert(kLanes <= 16, "SmallGather dispatches batches below 16");
+  switch (batch) {
+    case 1: SmallBatch<1, kPerm>(ctx, x, m, vals, nnz, y, err); break;
+    case 2: SmallBatch<2, kPerm>(ctx, x, m, vals, nnz, y, err); break;
+    case 3: SmallBatch<3, kPerm>(ctx, x, m, vals, nnz, y, err); break;
+    case 4: SmallBatch<4, kPerm>(ctx, x, m, vals, nnz, y, err); break;
+    case 5: SmallBatch<5, kPerm>(ctx, x, m, vals, nnz, y, err); break;
+    case 6: SmallBatch<6, kPerm>(ctx, x, m, vals, nnz, y, err); break;
+    case 7: SmallBatch<7, kPerm>(ctx, x, m, vals, nnz, y, err); break;
+    default:  // 8..15 (AVX-512 only): two passes over halves of the batch would need strided x; do 8 + rest
+      SmallBatch<8, kPerm>(ctx, x, m, vals, nnz, y, err);
+      SmallGather<kPerm>(ctx, x + 8 * m.n_cols, batch - 8, m, vals, nnz, y + 8 * m.n_rows, err);
+      break;
   }
 }
 
@@ -258,6 +477,7 @@ class PruneSpmmOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_in", &n_in_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_out", &n_out_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose", &transpose_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("profile", &profile_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -282,15 +502,23 @@ class PruneSpmmOp : public OpKernel {
     const float* x = x_t.flat<float>().data();
     const float* values = values_t.flat<float>().data();
     Error err;
-    if (transpose_) {  // dx = dy @ W^T: gather along W's rows, values as stored
-      if (batch < kLanes) SmallGather(ctx, x, batch, w, values, y, &err);
-      else TiledGather(ctx, x, batch, w, values, y, &err);
-    } else if (batch < kLanes) {  // y = x @ W, small batch: scatter along W's rows
-      SmallScatter(ctx, x, batch, w, values, y, &err);
-    } else {  // y = x @ W: gather along W^T's rows, values first gathered into W^T order
-      Tensor tv_t;
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({nnz}), &tv_t));
-      float* tv = tv_t.flat<float>().data();
+    // Both directions gather: dx = dy @ W^T along W's rows with the values as
+    // stored; y = x @ W along W^T's rows with the values read through tperm.
+    if (profile_ == 1) return;  // benchmark only: the checks and the output allocation (y left unwritten)
+    if (transpose_) {  // dx = dy @ W^T: gathers along W's rows, values as stored
+      if (batch < kLanes) SmallGather<false>(ctx, x, batch, w, values, nnz, y, &err);
+      else TiledGather<false>(ctx, x, batch, w, values, nnz, y, &err, profile_ != 3);
+    } else if (batch < kLanes) {  // y = x @ W, small batch: scatters along W's rows, values as stored
+      SmallScatterAny(ctx, x, batch, w, values, nnz, y, &err);
+    } else if ((batch + TileVectors(n_in_, batch) * kLanes - 1) / (TileVectors(n_in_, batch) * kLanes) <=
+               NumThreads(ctx)) {
+      // y = x @ W, at most one batch tile per thread: gathers along W^T's rows,
+      // reading each value through tperm as it is used (one pass over the values).
+      TiledGather<true>(ctx, x, batch, wt, values, nnz, y, &err, profile_ != 3);
+    } else {
+      // More tiles than threads: gather the values into W^T order once (each
+      // tile would otherwise repeat the indirect reads), then the tiles.
+      float* tv = Scratch(2, nnz);
       const int64_t units = std::min<int64_t>(NumThreads(ctx), (nnz + 32767) / 32768);
       const int64_t per = (nnz + units - 1) / units;
       Parallel(ctx, units, [&](int64_t u) {
@@ -300,13 +528,13 @@ class PruneSpmmOp : public OpKernel {
           tv[k] = values[p];
         }
       });
-      if (!err.bad) TiledGather(ctx, x, batch, wt, tv, y, &err);
+      if (!err.bad && profile_ != 2) TiledGather<false>(ctx, x, batch, wt, tv, nnz, y, &err, profile_ != 3);
     }
     OP_REQUIRES(ctx, !err.bad, errors::InvalidArgument("structure holds an out-of-range column or permutation entry"));
   }
 
  private:
-  int64_t n_in_, n_out_;
+  int64_t n_in_, n_out_, profile_;
   bool transpose_;
 };
 
@@ -425,6 +653,7 @@ REGISTER_OP("PruneSpmm")
     .Attr("n_in: int >= 0")
     .Attr("n_out: int >= 0")
     .Attr("transpose: bool = false")
+    .Attr("profile: int = 0")
     .Output("y: float")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle x;
@@ -437,7 +666,8 @@ REGISTER_OP("PruneSpmm")
       c->set_output(0, c->Matrix(c->Dim(x, 0), transpose ? n_in : n_out));
       return OkStatus();
     })
-    .Doc("y = x @ W (transpose=false) or x @ W^T (transpose=true) for W [n_in, n_out] given by values and structure.");
+    .Doc("y = x @ W (transpose=false) or x @ W^T (transpose=true) for W [n_in, n_out] given by values and structure; "
+         "profile != 0 stops early, for benchmarks only (see the source's header).");
 
 REGISTER_OP("PruneSddmm")
     .Input("x: float")
