@@ -268,7 +268,8 @@ class ImpParams:
     Attributes:
         rate: Fraction of the remaining weights pruned per level, in (0, 1).
         rewind_step: Survivors are rewound to their values after this many steps of level 0 (0: the init).
-        controls: Any of ``reinit`` (same mask, fresh init) and ``random`` (random mask, same counts).
+        controls: Any of ``reinit`` (same mask, fresh init) and ``random`` (random mask, same counts),
+            in any order (stored in that one).
         stops: Sparsities no level jumps past, increasing, below the run's sparsity: the levels
             land on them, so one run at the highest sparsity gives every lower one too.
     """
@@ -286,6 +287,9 @@ class ImpParams:
             choice(f"controls[{i}]", c, ("reinit", "random"), "control")
         if len(set(self.controls)) != len(self.controls):
             raise ConfigError("controls", f"lists a control twice: {list(self.controls)!r}")
+        # Each control is seeded from its own name, so their order changes nothing: store them
+        # in one canonical order, so that order does not change the run's hash either.
+        object.__setattr__(self, "controls", tuple(c for c in ("reinit", "random") if c in self.controls))
         for i, s in enumerate(self.stops):
             check_range(f"stops[{i}]", s, 0.0, 1.0, hi_open=True)
         if list(self.stops) != sorted(set(self.stops)):

@@ -152,6 +152,10 @@ def test_default_method_keeps_every_hash_and_a_method_round_trips_flat():
         assert from_dict(RunConfig, json.loads(json.dumps(to_dict(run)))) == run
         assert from_dict(RunConfig, json.loads(canonical_json(run))) == run
     assert len({r.run_id for r in (gmp, rigl, imp)}) == 3
+    # the controls' order changes nothing (each is seeded from its name), so not the hash either
+    swapped = _run(MethodConfig("imp", axes.ImpParams(stops=(0.5,), controls=("random", "reinit"))))
+    assert swapped.method.params.controls == ("reinit", "random") and swapped.run_id == imp.run_id
+    assert _run(MethodConfig("imp", axes.ImpParams(controls=("random",)))).method.params.controls == ("random",)
 
 
 # -- the registries ------------------------------------------------------------------------------------------
