@@ -29,6 +29,7 @@ test-fast: $(STAMP)
 figures: $(STAMP)
 	$(PY) -m experiments figures paper
 	$(PY) -m experiments figures patterns
+	$(PY) -m experiments figures methods
 
 bench: $(STAMP)
 	$(PY) benchmarks/fit_step.py

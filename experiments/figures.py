@@ -70,6 +70,7 @@ __all__ = [
     "load_sweep_with_diverged",
     "load_layer_speed",
     "main_table",
+    "method_tables",
     "render",
     "draw_figures",
     "main",
@@ -385,19 +386,42 @@ def _run_tables(runs_dir: Path, run_ids: list[str], name: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def method_tables(runs: pd.DataFrame, runs_dir: str | Path) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The per-run tables of a sweep over the method axis.
+
+    Args:
+        runs: The sweep's runs (:func:`load_sweep`), with ``method`` and ``target``.
+        runs_dir: Its ``runs/`` folder.
+
+    Returns:
+        ``(levels, updates)``: every IMP run's ``levels.csv`` rows and every
+        SET/RigL run's ``mask_updates.csv`` rows (with ``method`` and
+        ``target``), each with a ``run_id`` column; None where the sweep has
+        no such run.
+
+    Raises:
+        ValueError: a run of those methods lacks its table.
+    """
+    runs_dir = Path(runs_dir)
+    imp_ids = runs.loc[runs["method"] == "imp", "run_id"].tolist()
+    levels = _run_tables(runs_dir, imp_ids, "levels.csv") if imp_ids else None
+    dst = runs[runs["method"].isin(["set", "rigl"])]
+    updates = None
+    if not dst.empty:
+        updates = _run_tables(runs_dir, dst["run_id"].tolist(), "mask_updates.csv")
+        updates = updates.merge(dst[["run_id", "method", "target"]], on="run_id")
+    return levels, updates
+
+
 def _add_method_figures(add: Callable[[str, Callable[[], Figure]], None], runs: pd.DataFrame, runs_dir: Path, sfx: str) -> None:
     """A sweep over the method axis: accuracy by method; IMP's levels; SET/RigL mask changes."""
     from experiments import plotting
 
-    imp_ids = runs.loc[runs["method"] == "imp", "run_id"].tolist()
-    levels = _run_tables(runs_dir, imp_ids, "levels.csv") if imp_ids else None
+    levels, updates = method_tables(runs, runs_dir)
     add(f"accuracy_by_method{sfx}", lambda: plotting.plot_accuracy_by_method(runs, levels))
     if levels is not None:
         add(f"imp_levels{sfx}", lambda: plotting.plot_imp_levels(levels))
-    dst = runs[runs["method"].isin(["set", "rigl"])]
-    if not dst.empty:
-        updates = _run_tables(runs_dir, dst["run_id"].tolist(), "mask_updates.csv")
-        updates = updates.merge(dst[["run_id", "method", "target"]], on="run_id")
+    if updates is not None:
         add(f"mask_changes{sfx}", lambda: plotting.plot_mask_changes(updates))
 
 
