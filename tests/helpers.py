@@ -41,3 +41,20 @@ def mlp_data(n: int = 64, inputs: int = 12, classes: int = 3, seed: int = 0) -> 
     x = rng.normal(size=(n, inputs)).astype("float32")
     y = rng.integers(0, classes, size=n).astype("int32")
     return x, y
+
+
+def masked_train_step(model: keras.Model, optimizer, loss_fn):
+    """A custom-loop training step (``tf.function``) through ``prune.apply_masked_gradients``; returns the loss."""
+    import tensorflow as tf
+
+    import prune
+
+    @tf.function
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        prune.apply_masked_gradients(optimizer, zip(grads, model.trainable_variables), model)
+        return loss
+
+    return train_step

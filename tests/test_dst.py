@@ -13,7 +13,7 @@ from prune.distributions import erk_zeros
 from prune.dst import cosine_drop_fraction, drop_and_grow, num_drop
 from prune.layers.sparse import SparseDense
 from prune.optimizer_state import slots_for
-from tests.helpers import mlp, mlp_data
+from tests.helpers import masked_train_step, mlp, mlp_data
 
 # -- the arithmetic -----------------------------------------------------------------------
 
@@ -237,13 +237,7 @@ def test_custom_loop_drives_the_callback_like_update_pruning_step():
     prune.sparse_init(model, 0.75, optimizer=optimizer)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = mlp_data(STEPS * 4)
-
-    @tf.function
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        prune.apply_masked_gradients(optimizer, zip(grads, model.trainable_variables), model)
+    train_step = masked_train_step(model, optimizer, loss_fn)
 
     cb = prune.DynamicSparsity(
         "rigl", update_every=EVERY, end_step=STEPS, optimizer=optimizer, gradient_data=(x[:16], y[:16]), loss=loss_fn

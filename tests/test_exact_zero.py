@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import prune
 from prune.optimizer_state import slots_for
-from tests.helpers import mixed_data, mixed_model
+from tests.helpers import masked_train_step, mixed_data, mixed_model
 
 # Pruning starts at step 4, after four unpruned steps have built momentum/moments.
 SCHEDULE = prune.PolynomialDecay(0.0, 0.75, begin_step=4, end_step=12, frequency=2)
@@ -100,14 +100,7 @@ def test_custom_loop_keeps_pruned_weights_exactly_zero(optimizer_factory, patter
     optimizer = optimizer_factory()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = mixed_data(STEPS * 4)
-
-    @tf.function
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        prune.apply_masked_gradients(optimizer, zip(grads, model.trainable_variables), model)
-        return loss
+    train_step = masked_train_step(model, optimizer, loss_fn)
 
     step = prune.UpdatePruningStep(optimizer=optimizer)
     step.set_model(model)

@@ -181,3 +181,63 @@ def test_kill_9_inside_a_level_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert [r["level"] for r in rows] == ["0"] + ["1"] * 3 + ["2"] * 3 + ["3"] * 3
     assert rows == _table(whole / "levels.csv")
     assert not list((killed / "levels").glob(".*"))  # the half-written level was cleaned up
+
+
+# -- kill -9 of the whole sweep in the middle of a level ---------------------------------------------
+
+SWEEP = """name = "impkill"
+implementations = ["masked"]
+sparsities = [0.875]
+seeds = [1]
+models = [{name = "mlp", widths = [32]}]
+datasets = ["digits"]
+methods = [{name = "imp", rate = 0.5, rewind_step = 2}]
+[training]
+epochs = 1
+batch_size = 64
+"""
+# What a rerun may change: how long things took, and which process on which host did them.
+VOLATILE = {
+    "step_time_ms", "timed_steps", "latency_b1_ms", "latency_b256_ms", "peak_rss_mb", "startup_seconds",
+    "fit_seconds", "eval_seconds", "total_seconds", "overhead_seconds", "hostname", "pid", "started_at", "ended_at",
+}
+
+
+def _sweep(config: Path, results: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments", "run", str(config), "--results", str(results)],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+
+
+def _stable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]
+
+
+@pytest.mark.slow
+def test_sweep_killed_inside_an_imp_level_then_rerun_gives_the_same_runs_csv_rows(tmp_path):
+    config = tmp_path / "impkill.toml"
+    config.write_text(SWEEP)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    reference = _sweep(config, whole)
+    victim = _sweep(config, killed)
+    deadline = time.monotonic() + 300
+    while not list((killed / "impkill" / "runs").glob("*/levels/01")):
+        assert victim.poll() is None, victim.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "level 1 never finished"
+        time.sleep(0.02)
+    os.killpg(victim.pid, signal.SIGKILL)  # the runner and its worker, inside level 2
+    victim.wait()
+    run_dir = next((killed / "impkill" / "runs").iterdir())
+    assert not (run_dir / "result.json").exists() and not (run_dir / "levels" / "03").exists()
+    table = killed / "impkill" / "runs.csv"
+    assert not table.exists() or _rows(table) == []  # the run was not finished, so it has no row yet
+    rerun = _sweep(config, killed)
+    assert rerun.wait(timeout=300) == 0, rerun.stderr.read().decode()[-2000:]
+    assert reference.wait(timeout=300) == 0, reference.stderr.read().decode()[-2000:]
+    rows, expected = _rows(table), _rows(whole / "impkill" / "runs.csv")
+    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["method"] == "imp"
+    assert _stable(rows) == _stable(expected)
+    assert float(rows[0]["sparsity"]) == pytest.approx(0.875, abs=0.005)
+    assert _rows(run_dir / "levels.csv") == _rows(whole / "impkill" / "runs" / run_dir.name / "levels.csv")
