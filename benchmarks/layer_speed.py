@@ -340,14 +340,16 @@ def main() -> None:
                         help="skip the in-graph measures of an implementation whose single call is slower")
     parser.add_argument("--out", default="results/benchmarks/layer_speed.csv")
     parser.add_argument("--fit", action="store_true", help="print a cost model refitted to these forward times")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the .md summary from an existing csv")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the .md report and the _summary.csv from an existing csv")
     args = parser.parse_args()
 
     global NATIVE
     if args.report_only:
         df = pd.read_csv(args.out)
         NATIVE = "native" in set(df.impl)
-        print(write_report(df, Path(args.out).with_suffix(".md")))
+        out = Path(args.out)
+        summarise(df).to_csv(out.with_name(out.stem + "_summary.csv"), index=False)  # the .md cites it: keep them one
+        print(write_report(df, out.with_suffix(".md")))
         return
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
