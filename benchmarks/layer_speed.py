@@ -324,6 +324,7 @@ def fit_cost_model(df: pd.DataFrame) -> dict[str, tuple[float, ...]]:
 
 
 def main() -> None:
+    global NATIVE, GRAPH_K
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1024x1024,784x300,4096x4096")
     parser.add_argument(
@@ -336,6 +337,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--budget", type=float, default=4.0, help="seconds per point after 3 rounds")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--graph-k", type=int, default=GRAPH_K,
+                        help="layer applications in the in-graph functions (at least 2; the smoke test uses 2 to trace less)")
     parser.add_argument("--graph-limit-ms", type=float, default=50.0,
                         help="skip the in-graph measures of an implementation whose single call is slower")
     parser.add_argument("--out", default="results/benchmarks/layer_speed.csv")
@@ -343,7 +346,9 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="rewrite the .md report and the _summary.csv from an existing csv")
     args = parser.parse_args()
 
-    global NATIVE
+    if args.graph_k < 2:
+        parser.error(f"--graph-k must be at least 2, got {args.graph_k}")
+    GRAPH_K = args.graph_k
     if args.report_only:
         df = pd.read_csv(args.out)
         NATIVE = "native" in set(df.impl)

@@ -14,7 +14,7 @@ def test_layer_speed_writes_every_implementation_and_measure(tmp_path):
     out = tmp_path / "layer_speed.csv"
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "layer_speed.py"), "--sizes", "12x8", "--batches", "3",
-        "--sparsities", "0.0,0.75", "--rounds", "2", "--budget", "0", "--out", str(out),
+        "--sparsities", "0.0,0.75", "--rounds", "2", "--budget", "0", "--graph-k", "2", "--out", str(out),
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
