@@ -18,6 +18,7 @@ committed ``results/methods`` sweep.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -74,6 +75,9 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_notebook_is_committed_without_outputs_and_checks_its_claims(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
+    # nbformat fills missing cell ids in on reading (with a warning that says this becomes an error): check the file.
+    ids = [c.get("id") for c in json.loads(path.read_text())["cells"]]
+    assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: cells without an id or with a repeated one"
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, path.name
     for cell in code:
