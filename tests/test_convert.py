@@ -146,7 +146,7 @@ def test_converted_sparse_model_trains():
     sparse.compile(keras.optimizers.Adam(0.01), "mse")
     y = np.ones((6, 2), np.float32)
     first = sparse.evaluate(X, y, verbose=0)
-    sparse.fit(X, y, epochs=5, verbose=0)
+    sparse.fit(X, y, epochs=5, verbose=0, callbacks=[prune.UpdatePruningStep()])  # the schedule came along
     assert sparse.evaluate(X, y, verbose=0) < first
     for layer, mask in zip(_kernel_layers(sparse), _masks(sparse)):
         assert layer.nnz == int(mask.sum())  # structure unchanged by training

@@ -216,6 +216,25 @@ def test_update_masks_prunes_sparse_smallest_and_reports():
     np.testing.assert_array_equal(layer.values.numpy(), np.float32([-0.9, 0.5]))
 
 
+def test_training_a_scheduled_layer_without_its_callback_raises_before_any_step():
+    """As for masked layers (tfmot's rule): a schedule nobody drives would leave the structure unpruned, silently."""
+    w, _ = _weights(6, 4, 0.0)
+    model = _model(
+        SparseDense.from_dense(w, np.ones((6, 4)), pruning_schedule=prune.OneShot(0.75, 0)),
+        SparseDense.from_dense(np.ones((4, 2), np.float32), np.ones((4, 2))),  # no schedule: trains freely
+        6,
+    )
+    model.compile("sgd", "mse")
+    before = [v.numpy().copy() for v in model.weights]
+    x, y = np.ones((16, 6), np.float32), np.zeros((16, 2), np.float32)
+    with pytest.raises(ValueError, match=f"layer '{model.layers[0].name}' is pruned with a schedule.*UpdatePruningStep"):
+        _fit_steps(model, x, y, 1, [])
+    for a, v in zip(before, model.weights):
+        np.testing.assert_array_equal(a, v.numpy())
+    _fit_steps(model, x, y, 1, [prune.UpdatePruningStep()])  # with the callback: prunes and trains
+    assert model.layers[0].nnz == 6 and int(model.layers[0].pruning_step.numpy()) == 1
+
+
 @pytest.fixture(scope="module")
 def trained_sparse_model():
     w, mask = _weights(9, 7, 0.6)

@@ -75,6 +75,7 @@ import tensorflow as tf
 
 from prune._internals import backing_variable, set_backing_variable, set_variable_shape
 from prune import kernels, native
+from prune.driving import require_driver
 from prune import masks as _masks
 from prune.layers.masked import check_pruning_args
 from prune.optimizer_state import slots_for
@@ -307,6 +308,7 @@ class SparseDense(keras.layers.Layer):
     # -- forward ---------------------------------------------------------------
     def call(self, inputs: Any, training: Any = None) -> Any:
         if isinstance(training, bool) and training:
+            require_driver(self)  # a schedule with nothing driving it: raise, at trace time (prune/driving.py)
             self.pruning_step.assign_add(1)  # the saved step counter, advanced inside the compiled step
         x = tf.convert_to_tensor(inputs)
         if x.dtype != self.values.dtype:
