@@ -3,8 +3,10 @@
 tfmot raises when a pruned model is trained without its ``UpdatePruningStep``
 callback; so does ``prune``, rather than train the model dense, silently.
 :class:`prune.UpdatePruningStep` marks the layers it drives in
-``on_train_begin`` and unmarks them in ``on_train_end``; a masked layer with
-a schedule checks the mark when it is called with ``training=True``.
+``on_train_begin`` and unmarks them in ``on_train_end`` (so does
+:class:`prune.DynamicSparsity` for the layers it moves); a masked layer or a
+``SparseDense`` with a schedule checks the mark when it is called with
+``training=True``.
 
 The check costs nothing per step: in ``fit`` and in a ``tf.function`` loop,
 the layer's ``call`` runs in Python only while the step is traced, and the
