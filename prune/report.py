@@ -27,20 +27,65 @@ REPORT_COLUMNS = [
 ]
 
 
-def _output_positions(layer: Any) -> float:
-    """How many times the kernel is applied per example (1 for Dense, H*W for Conv2D)."""
-    kind = type(layer).__mro__
-    names = {c.__name__ for c in kind}
+_TRANSPOSED = {"Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"}
+_SLIDING = {"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D"}
+_RECURRENT = {"SimpleRNN", "GRU", "LSTM", "RNN"}
+
+
+def _product(dims: Any) -> float:
+    dims = list(dims)
+    return float("nan") if any(d is None for d in dims) else float(np.prod(dims))
+
+
+def _spatial(layer: Any, shape: Any) -> float:
+    shape = tuple(shape)
+    return _product(shape[1:-1] if getattr(layer, "data_format", "channels_last") == "channels_last" else shape[2:])
+
+
+def _applications(layer: Any, weight: str) -> float:
+    """How many times per example each entry of ``layer``'s ``weight`` is multiplied.
+
+    1 for ``Dense`` on ``[batch, features]`` (once per row of the leading
+    dimensions otherwise); a convolution's output positions (a transposed
+    convolution's input positions: each input position meets every kernel
+    entry once); an RNN's timesteps, for its kernel and its recurrent kernel;
+    for ``MultiHeadAttention``, the query's or the key's or value's length,
+    by projection; 0 for an embedding lookup. NaN when a needed size is
+    unknown or the layer is of another kind: unknown, not wrong.
+    """
+    names = {c.__name__ for c in type(layer).__mro__}
     if "Embedding" in names:
         return 0.0  # a lookup: no multiply-adds
-    if not ({"Conv1D", "Conv2D", "Conv3D"} & names):
-        return 1.0
     try:
-        shape = layer.compute_output_shape(layer.get_build_config()["input_shape"])
-    except Exception:  # noqa: BLE001 - unknown spatial size: FLOPs unknown, not wrong
+        config = layer.get_build_config() or {}
+    except Exception:  # noqa: BLE001 - no build config: sizes unknown
+        config = {}
+    if "MultiHeadAttention" in names:
+        shapes = config.get("shapes_dict", {})
+        query, value = shapes.get("query_shape"), shapes.get("value_shape")
+        by_weight = {"query_kernel": query, "output_kernel": query, "value_kernel": value,
+                     "key_kernel": shapes.get("key_shape") or value}
+        shape = by_weight.get(weight)
+        return float("nan") if shape is None else _product(tuple(shape)[1:-1])
+    input_shape = config.get("input_shape")
+    if input_shape is None:
         return float("nan")
-    spatial = shape[1:-1] if getattr(layer, "data_format", "channels_last") == "channels_last" else shape[2:]
-    return float(np.prod([d for d in spatial if d is not None]))
+    if names & _TRANSPOSED:
+        return _spatial(layer, input_shape)
+    if names & _SLIDING:
+        try:
+            return _spatial(layer, layer.compute_output_shape(input_shape))
+        except Exception:  # noqa: BLE001 - unknown spatial size: FLOPs unknown, not wrong
+            return float("nan")
+    if names & _RECURRENT and not any(n.startswith("ConvLSTM") for n in names):
+        return _product(tuple(input_shape)[1:2])
+    if "Dense" in names or hasattr(layer, "sparse_weight"):  # Dense, MaskedDense, SparseDense
+        try:  # the tensor it was called on: a layer built from (None, n_in) alone does not know the rest
+            input_shape = tuple(layer.input.shape)
+        except Exception:  # noqa: BLE001 - not called in a functional graph (or called several times)
+            pass
+        return _product(tuple(input_shape)[1:-1])
+    return float("nan")  # e.g. ConvLSTM, EinsumDense: not counted
 
 
 def sparsity_report(model: Any) -> pd.DataFrame:
@@ -50,8 +95,13 @@ def sparsity_report(model: Any) -> pd.DataFrame:
         layer, weight, shape: where the weight is.
         nnz, size, sparsity: nonzeros of the *stored* weight, entries, 1 - nnz/size.
         dense_flops, nonzero_flops: FLOPs per example (2 per multiply-add) of the
-            dense weight and of its nonzeros; 0 for embedding lookups, NaN when
-            a convolution's output size is unknown.
+            dense weight and of its nonzeros, counting every application of the
+            weight (a convolution's output positions, a transposed convolution's
+            input positions, an RNN's timesteps, an attention projection's
+            sequence length, the rows of a Dense layer's leading dimensions); 0
+            for embedding lookups; NaN when a size is unknown or the layer is of
+            a kind the report cannot count (the weights of an unsupported
+            layer such as ``ConvLSTM1D``).
         dense_bytes: bytes of the weight stored densely.
         status: ``"pruned"`` (has a mask), ``"sparse"`` (a ``SparseDense``) or
             ``"dense (unsupported)"``.
@@ -64,8 +114,8 @@ def sparsity_report(model: Any) -> pd.DataFrame:
     units += [(layer, [(w.name, w) for w in weights], "dense (unsupported)") for layer, weights in unsupported(model)]
     rows = [_sparse_row(layer) for layer in iter_layers(model) if hasattr(layer, "sparse_weight") and layer.built]
     for layer, names, status in units:
-        positions = _output_positions(layer)
         for name, w in names:
+            positions = _applications(layer, name)
             value = np.asarray(w.numpy())
             nnz = int(np.count_nonzero(value))
             rows.append(
@@ -98,8 +148,8 @@ def _sparse_row(layer: Any) -> dict[str, Any]:
         nnz=nnz,
         size=size,
         sparsity=1.0 - nnz / size if size else 0.0,
-        dense_flops=2.0 * size,
-        nonzero_flops=2.0 * nnz,
+        dense_flops=2.0 * size * _applications(layer, "kernel"),
+        nonzero_flops=2.0 * nnz * _applications(layer, "kernel"),
         dense_bytes=size * values.dtype.itemsize,
         status="sparse",
     )

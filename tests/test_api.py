@@ -97,6 +97,42 @@ def test_functional_with_unsupported_layer_is_reported():
     assert set(prune.sparsity_report(plstm).status) == {"pruned", "dense (unsupported)"}
 
 
+def test_report_counts_every_application_of_a_weight():
+    """FLOPs per example = 2 x entries x applications, on tiny models where the applications are known exactly."""
+    from prune.layers.sparse import SparseDense
+
+    def flops(model):
+        report = prune.sparsity_report(model)
+        return {(r.layer.split("_")[0], r.weight): r.dense_flops for r in report.itertuples()}
+
+    image = keras.Input((5, 6, 3))
+    depthwise = keras.layers.DepthwiseConv2D(2)(image)  # -> 4x5
+    separable = keras.layers.SeparableConv2D(2, 3, padding="same", name="separable")(depthwise)  # 4x5 positions
+    transposed = keras.layers.Conv2DTranspose(4, 3, strides=2, name="transposed")(separable)  # meets 4x5 inputs
+    got = flops(prune.prune_low_magnitude(keras.Model(image, transposed)))
+    assert got[("separable", "pointwise_kernel")] == 2 * 6 * 20
+    assert got[("transposed", "kernel")] == 2 * 72 * 20
+
+    seq = keras.Input((7, 3))
+    lstm = keras.layers.LSTM(4, return_sequences=True, name="lstm")(seq)
+    got = flops(prune.prune_low_magnitude(keras.Model(seq, keras.layers.Dense(2, name="dense")(lstm))))
+    assert got == {("lstm", "kernel"): 2 * 48 * 7, ("lstm", "recurrent_kernel"): 2 * 64 * 7, ("dense", "kernel"): 2 * 8 * 7}
+
+    query, value = keras.Input((7, 8)), keras.Input((5, 6))
+    attention = keras.layers.MultiHeadAttention(2, 3, name="mha")(query, value)
+    got = flops(prune.prune_low_magnitude(keras.Model([query, value], attention)))
+    assert got == {("mha", "query_kernel"): 2 * 48 * 7, ("mha", "key_kernel"): 2 * 36 * 5,
+                   ("mha", "value_kernel"): 2 * 36 * 5, ("mha", "output_kernel"): 2 * 48 * 7}
+
+    sparse = SparseDense.from_dense(np.ones((3, 2), np.float32), np.eye(3, 2), name="sparse")  # built from (None, 3)
+    got = flops(keras.Sequential([keras.Input((4, 3)), sparse]))  # then applied to 4 rows per example
+    assert got == {("sparse", "kernel"): 2 * 6 * 4}
+
+    # ConvLSTM1D (unsupported): per timestep and per position, which the report does not count: NaN, not a wrong number.
+    conv_lstm = keras.Sequential([keras.Input((5, 4, 3)), keras.layers.ConvLSTM1D(4, 2, name="convlstm")])
+    assert all(np.isnan(v) for v in flops(prune.prune_low_magnitude(conv_lstm)).values())
+
+
 @pytest.mark.parametrize("built", [False, True])
 def test_subclassed_model(built):
     keras.utils.set_random_seed(0)
