@@ -141,6 +141,7 @@ def _sparse_row(layer: Any) -> dict[str, Any]:
     values = np.asarray(layer.values.numpy())
     nnz = int(np.count_nonzero(values))
     size = n_in * n_out
+    applications = _applications(layer, "kernel")
     return dict(
         layer=layer.name,
         weight="kernel",
@@ -148,8 +149,8 @@ def _sparse_row(layer: Any) -> dict[str, Any]:
         nnz=nnz,
         size=size,
         sparsity=1.0 - nnz / size if size else 0.0,
-        dense_flops=2.0 * size * _applications(layer, "kernel"),
-        nonzero_flops=2.0 * nnz * _applications(layer, "kernel"),
+        dense_flops=2.0 * size * applications,
+        nonzero_flops=2.0 * nnz * applications,
         dense_bytes=size * values.dtype.itemsize,
         status="sparse",
     )
