@@ -58,6 +58,8 @@ SHAPES = [
     (90, 70, 100, 0.2, True, True),  # 4 batch tiles: values gathered into W^T order once, then the tiles
     (300, 40, 40, 0.3, True, True),  # one forward tile larger than L1, values read through tperm
     (300, 40, 100, 0.3, False, True),  # the same after the value gather
+    (50, 30, 12, 0.4, True, False),  # 16-lane builds: a batch of 8..15 runs as 8 rows, then the rest
+    (70, 50, 300, 0.6, False, True),  # more tiles than threads at every vector width: the value gather
 ]
 
 
@@ -113,32 +115,38 @@ def test_native_path_is_the_one_exercised():
     assert sorted(op.get_attr("transpose") for op in spmm) == [False, True]  # forward and input gradient
 
 
+def _lanes() -> int:
+    """Floats per vector in the loaded library (its status: ``"avx512 (16 lanes)"``)."""
+    return int(native.status().vector.split("(")[1].split()[0])
+
+
 @needs_native
 def test_native_op_rejects_a_corrupt_structure():
     lib = native.load()
+    tiled = _lanes() + 1  # the smallest batch that goes through the tiles
     idx = np.array([[0, 0], [1, 1]], np.int64)
     good = native.structure(idx, 2, 2)
-    lib.prune_spmm(np.ones((9, 2), np.float32), np.ones(2, np.float32), good, n_in=2, n_out=2)
+    lib.prune_spmm(np.ones((tiled, 2), np.float32), np.ones(2, np.float32), good, n_in=2, n_out=2)
     bad = good.copy()
     bad[3] = 7  # a column of W beyond n_out
-    for batch in (1, 9):
+    for batch in (1, tiled):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad, n_in=2, n_out=2, transpose=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):  # forward at batch 1 scatters along W
         lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(2, np.float32), bad, n_in=2, n_out=2)
     bad_t = good.copy()
     bad_t[8] = 7  # a column of W^T (tcols, after rp, cols and trp) beyond n_in
-    for batch in (9, 300):  # forward tiles along W^T: one tile reading through tperm; tperm gathered first
+    for batch in (tiled, 300):  # forward tiles along W^T: one tile reading through tperm; tperm gathered first
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad_t, n_in=2, n_out=2)
     bad_perm = good.copy()
     bad_perm[-1] = 2  # a position beyond nnz in tperm, the last part of the structure
-    for batch in (9, 300):
+    for batch in (tiled, 300):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad_perm, n_in=2, n_out=2)
     long = native.structure(np.stack([np.arange(300), np.zeros(300, int)], 1), 300, 1)  # one W^T row of 300
     long[300 + 1 + 300 + 2 + 150] = 300  # a column of W^T beyond n_in, in the middle of a long row
-    for batch in (9, 300):
+    for batch in (tiled, 300):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 300), np.float32), np.ones(300, np.float32), long, n_in=300, n_out=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="structure must have"):
@@ -170,7 +178,9 @@ CHILD = textwrap.dedent(
         y = layer(np.arange(6, dtype="float32").reshape(2, 3)).numpy()
         layer(y)  # a second call: still one warning
     st = native.status()
+    attempts = len(native.build_attempts(native._compiler() or "c++"))
     print(json.dumps(dict(imported_clean=imported_clean, available=st.available, reason=st.reason, built=st.built,
+                          attempts=attempts, flags=st.flags, vector=st.vector,
                           y=y.tolist(), warnings=[str(w.message) for w in caught if "native" in str(w.message)])))
     """
 )
@@ -203,12 +213,16 @@ def test_fresh_build_by_concurrent_processes_and_every_fallback(tmp_path):
     assert first["available"] and second["available"], (first, second)
     assert sorted([first["built"], second["built"]]) == [False, True]
     assert first["warnings"] == second["warnings"] == []
+    assert first["flags"] == second["flags"] and first["vector"] == second["vector"] != ""
+    if native._machine() in ("x86_64", "aarch64"):
+        assert first["flags"].startswith("-march=native"), first["flags"]
     assert len(list(fresh.glob("*.so"))) == 1 and not list(fresh.glob("*.tmp*"))
     # Forced fallback: said once, with the reason.
     assert not forced["available"] and forced["reason"] == "PRUNE_NATIVE=0"
     assert len(forced["warnings"]) == 1 and "PRUNE_NATIVE=0" in forced["warnings"][0]
     assert not off.exists()  # nothing built
-    # Failing compiler: said once, the reason names the failed build, the log is kept and no library appears.
-    assert not failed["available"] and "build failed" in failed["reason"], failed
+    # Failing compiler: said once, the reason names each failed attempt (the machine's flags, then the
+    # conservative set), one log is kept per attempt and no library appears.
+    assert not failed["available"] and failed["reason"].count("build failed") == failed["attempts"], failed
     assert len(failed["warnings"]) == 1
-    assert len(list(broken.glob("*.failed"))) == 1 and not list(broken.glob("*.so"))
+    assert len(list(broken.glob("*.failed"))) == failed["attempts"] >= 1 and not list(broken.glob("*.so"))

@@ -10,29 +10,42 @@ Building follows ``torch.utils.cpp_extension.load``: nothing is compiled at
 ``import prune``; the first call of :func:`load` (made when the first
 ``SparseDense`` with ``matmul="native"`` or ``"auto"`` is traced) compiles the
 source with the C++ compiler (``$CXX``, else ``c++``/``g++``) against the
-installed TensorFlow's headers and flags (``tf.sysconfig``), with
-``-O3 -march=native``, into a cache directory, and loads it with
-``tf.load_op_library``. The file name is a hash of the source, the TensorFlow
-version, the compiler and its version, the flags and the CPU's instruction set
-flags, so nodes of a cluster that share a home directory but not a CPU type
-get separate builds. Concurrent processes take an exclusive lock on
+installed TensorFlow's headers and flags (``tf.sysconfig``) into a cache
+directory, and loads it with ``tf.load_op_library``.
+
+Instruction set (:func:`build_attempts`): first for the machine it runs on,
+``-march=native`` (x86-64 and aarch64), minus the extensions that
+TensorFlow's bundled Eigen headers cannot compile (:data:`UNBUILDABLE`:
+AVX512-FP16 with g++ 12, in ``PacketMathFP16.h``); if that build fails, once
+more with a conservative set (AVX2 and FMA on an x86-64 CPU that has them,
+else the compiler's baseline), and only then the fallback below. Flags in
+``$PRUNE_NATIVE_CXXFLAGS`` are added after these (so ``-march=...`` there
+overrides). :func:`status` names the flags that built the loaded library and
+the vector path compiled into it (:func:`vector_path`).
+
+The file name is a hash of the source, the TensorFlow version, the compiler
+and its version, the whole command (flags included) and the CPU's instruction
+set flags, so nodes of a cluster that share a home directory but not a CPU
+type get separate builds. Concurrent processes take an exclusive lock on
 ``<name>.lock`` before building; the library is written to a temporary file
 and renamed into place, so no process ever loads a half-written file.
 
 Cache directory: ``$PRUNE_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/prune/native``
 (``~/.cache/prune/native``).
 
-Fallback: with ``PRUNE_NATIVE=0``, without a compiler, or when the build or
-the load fails, :func:`load` returns ``None``, ``prune`` uses TensorFlow's own
+Fallback: with ``PRUNE_NATIVE=0``, without a compiler, or when every build
+attempt or the load fails, :func:`load` returns ``None``, ``prune`` uses TensorFlow's own
 kernels (``matmul="auto"`` among ``dense``/``coo``/``csr``), and a
 ``RuntimeWarning`` gives the reason once per process. A failed build leaves
 ``<name>.failed`` (with the compiler's output) so that later processes do not
-retry it; delete that file to retry.
+retry it (one per flag set tried); delete it to retry.
 """
 
 from __future__ import annotations
 
 import os
+import platform
+import shlex
 import threading
 import warnings
 from dataclasses import dataclass
@@ -41,12 +54,38 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NativeStatus", "SOURCE", "cache_dir", "enabled", "load", "status", "structure", "structure_tf"]
+__all__ = [
+    "NativeStatus",
+    "SOURCE",
+    "UNBUILDABLE",
+    "build_attempts",
+    "build_command",
+    "cache_dir",
+    "enabled",
+    "extra_flags",
+    "kernel_label",
+    "load",
+    "status",
+    "structure",
+    "structure_tf",
+    "target_flags",
+    "vector_path",
+]
 
 SOURCE = Path(__file__).with_name("sparse_ops.cc")
 """The C++ source of the ops."""
 
-_OPT_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC", "-w")
+_OPT_FLAGS = ("-O3", "-ffp-contract=fast", "-fPIC", "-w")
+
+UNBUILDABLE = {"__AVX512FP16__": "-mno-avx512fp16"}
+"""Instruction-set extensions TensorFlow's headers cannot be compiled with, by the macro that
+``-march`` defines for them, and the flag that turns each off. AVX512-FP16 (Sapphire Rapids
+and newer Xeons): with g++ 12, TensorFlow 2.21's bundled Eigen fails in
+``Eigen/src/Core/arch/AVX512/PacketMathFP16.h`` ("expected initializer before '<' token");
+the kernels use no half-precision vectors, so nothing is lost."""
+
+EXTRA_FLAGS_ENV = "PRUNE_NATIVE_CXXFLAGS"
+"""Environment variable whose flags (split as a shell would) are added after prune's own."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +96,8 @@ class NativeStatus:
     reason: str
     path: str | None = None
     built: bool = False  # this process compiled the library (False: loaded from the cache)
+    flags: str = ""  # the instruction-set and extra flags the loaded library was built with
+    vector: str = ""  # the vector path compiled into it (see vector_path), e.g. "avx512 (16 lanes)"
 
 
 _lock = threading.Lock()
@@ -88,8 +129,6 @@ def _compiler() -> str | None:
 
 def _cpu_isa() -> str:
     """The CPU's instruction-set flags (what ``-march=native`` compiles for)."""
-    import platform
-
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -100,14 +139,79 @@ def _cpu_isa() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
-def _build_command(cxx: str, output: str) -> list[str]:
+def _machine() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def extra_flags() -> list[str]:
+    """Flags from ``$PRUNE_NATIVE_CXXFLAGS``, split as a shell would (empty when unset)."""
+    return shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))
+
+
+def _predefined_macros(cxx: str, flags: list[str]) -> set[str]:
+    """Macros the compiler predefines with ``flags`` (empty if it cannot be asked)."""
+    import subprocess
+
+    try:
+        out = subprocess.run([cxx, *flags, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
+                             timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {ln.split()[1] for ln in out.splitlines() if ln.startswith("#define ") and len(ln.split()) > 1}
+
+
+def target_flags(cxx: str, march: str = "native") -> list[str]:
+    """``-march=<march>`` minus the extensions in :data:`UNBUILDABLE` that it would turn on.
+
+    Args:
+        cxx: The compiler (asked which macros ``-march=<march>`` defines).
+        march: A ``-march=`` target: ``native`` (the CPU it runs on), or a named one for
+            compile-only checks of other CPUs (``sapphirerapids``, ``armv8-a``, ...).
+    """
+    flags = [f"-march={march}"]
+    macros = _predefined_macros(cxx, flags)
+    return flags + [off for macro, off in UNBUILDABLE.items() if macro in macros]
+
+
+def _conservative_flags() -> list[str]:
+    """The retry's instruction set: AVX2 and FMA on an x86-64 CPU that has both, else the compiler's baseline."""
+    if _machine() == "x86_64" and {"avx2", "fma"} <= set(_cpu_isa().split()):
+        return ["-mavx2", "-mfma"]
+    return []
+
+
+def build_attempts(cxx: str) -> list[list[str]]:
+    """The instruction-set flag sets :func:`load` tries in order (each followed by :func:`extra_flags`).
+
+    First the machine's own (``-march=native`` on x86-64 and aarch64, minus
+    :data:`UNBUILDABLE`; the compiler's default elsewhere), then a conservative
+    set (:func:`_conservative_flags`) if it differs.
+    """
+    first = target_flags(cxx) if _machine() in ("x86_64", "aarch64") else []
+    attempts = [first]
+    if _conservative_flags() != first:
+        attempts.append(_conservative_flags())
+    return attempts
+
+
+def build_command(cxx: str, output: str, isa: list[str], *, compile_only: bool = False) -> list[str]:
+    """The compiler command for ``sparse_ops.cc``: prune's optimisation flags, ``isa``, :func:`extra_flags`.
+
+    Args:
+        cxx: The compiler.
+        output: The file to write.
+        isa: Instruction-set flags (one of :func:`build_attempts`, or :func:`target_flags` of a named CPU).
+        compile_only: ``-c`` (an object file, for compile checks) instead of a linked shared library.
+    """
     import tensorflow as tf
 
-    return [cxx, *_OPT_FLAGS, *tf.sysconfig.get_compile_flags(), str(SOURCE), "-o", output,
-            *tf.sysconfig.get_link_flags()]
+    link = [] if compile_only else tf.sysconfig.get_link_flags()
+    return [cxx, *_OPT_FLAGS, "-c" if compile_only else "-shared", *isa, *extra_flags(),
+            *tf.sysconfig.get_compile_flags(), str(SOURCE), "-o", output, *link]
 
 
-def _library_name(cxx: str) -> str:
+def _library_name(cxx: str, isa: list[str]) -> str:
     import hashlib
     import subprocess
 
@@ -119,22 +223,19 @@ def _library_name(cxx: str) -> str:
         version = f"unknown ({err})"
     key = hashlib.sha256()
     for part in (SOURCE.read_bytes(), tf.__version__.encode(), cxx.encode(), version.encode(),
-                 " ".join(_build_command(cxx, "OUT")).encode(), _cpu_isa().encode()):
+                 " ".join(build_command(cxx, "OUT", isa)).encode(), _cpu_isa().encode()):
         key.update(part)
         key.update(b"\0")
     return f"prune_sparse_ops-{key.hexdigest()[:20]}"
 
 
-def _build(directory: Path) -> tuple[Path, bool]:
-    """Path of the compiled library in ``directory``, compiling it if absent; and whether it was compiled now."""
+def _build_one(directory: Path, cxx: str, isa: list[str]) -> tuple[Path, bool]:
+    """Path of the library built with ``isa`` in ``directory``, compiling it if absent; and whether it was compiled now."""
     import fcntl  # the build machinery is imported at first use, never by ``import prune``
     import subprocess
     import tempfile
 
-    cxx = _compiler()
-    if cxx is None:
-        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
-    name = _library_name(cxx)
+    name = _library_name(cxx, isa)
     lib, failed = directory / f"{name}.so", directory / f"{name}.failed"
     if lib.exists():
         return lib, False
@@ -148,9 +249,10 @@ def _build(directory: Path) -> tuple[Path, bool]:
         fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".tmp.so", dir=directory)
         os.close(fd)
         try:
-            proc = subprocess.run(_build_command(cxx, tmp), capture_output=True, text=True)
+            command = build_command(cxx, tmp, isa)
+            proc = subprocess.run(command, capture_output=True, text=True)
             if proc.returncode != 0:
-                failed.write_text(" ".join(_build_command(cxx, tmp)) + "\n\n" + proc.stdout + proc.stderr)
+                failed.write_text(" ".join(command) + "\n\n" + proc.stdout + proc.stderr)
                 first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
                 raise RuntimeError(f"the build failed: {first} (full output in {failed})")
             os.replace(tmp, lib)  # atomic: readers see no file or the whole file
@@ -158,6 +260,54 @@ def _build(directory: Path) -> tuple[Path, bool]:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return lib, True
+
+
+def _build(directory: Path) -> tuple[Path, bool, list[str]]:
+    """The library for this machine: each of :func:`build_attempts` in turn until one builds.
+
+    Returns:
+        The library's path, whether this process compiled it, and the flags it was built with.
+
+    Raises:
+        RuntimeError: no compiler, or every attempt failed (the message gives each attempt's reason).
+    """
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    reasons = []
+    for isa in build_attempts(cxx):
+        try:
+            lib, built = _build_one(directory, cxx, isa)
+            return lib, built, isa + extra_flags()
+        except RuntimeError as err:
+            reasons.append(f"with {' '.join(isa + extra_flags()) or 'default flags'}: {err}")
+    raise RuntimeError("; ".join(reasons))
+
+
+def vector_path(path: str | os.PathLike[str]) -> str:
+    """The vector path compiled into the library at ``path``, e.g. ``"avx512 (16 lanes)"``, ``"neon (4 lanes)"``.
+
+    Read from the library's ``prune_native_vector_path`` symbol, which the
+    preprocessor sets from the instruction set it was compiled for.
+    """
+    import ctypes
+
+    fn = ctypes.CDLL(str(path)).prune_native_vector_path
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def kernel_label(matmul: str = "auto") -> str:
+    """What runs a ``SparseDense`` with ``matmul``, for result tables: ``native <vector path>`` or ``tensorflow ...``.
+
+    ``coo``/``csr``/``dense`` run TensorFlow's kernels by choice
+    (``"tensorflow"``); ``native``/``auto`` run the native ops when the library
+    loads, else TensorFlow's, with the reason (``"tensorflow (fallback: ...)"``).
+    """
+    if matmul not in ("auto", "native"):
+        return "tensorflow"
+    st = status()
+    return f"native {st.vector}".strip() if st.available else f"tensorflow (fallback: {st.reason})"
 
 
 def load() -> Any | None:
@@ -169,20 +319,23 @@ def load() -> Any | None:
     with _lock:
         if "status" in _state:
             return _state.get("module")
-        module, path, built = None, None, False
+        module, path, built, flags, vector = None, None, False, [], ""
         if not enabled():
             reason = "PRUNE_NATIVE=0"
         else:
             try:
                 import tensorflow as tf
 
-                path, built = _build(cache_dir())
+                path, built, flags = _build(cache_dir())
                 module = tf.load_op_library(str(path))
+                vector = vector_path(path)
                 reason = "built now" if built else "loaded from the cache"
             except Exception as err:  # no compiler, failed build, unloadable library: fall back
                 module, reason = None, f"{type(err).__name__}: {err}"
         _state["module"] = module
-        _state["status"] = NativeStatus(module is not None, reason, None if path is None else str(path), built)
+        _state["status"] = NativeStatus(
+            module is not None, reason, None if path is None else str(path), built, " ".join(flags), vector
+        )
         if module is None:
             warnings.warn(
                 f"prune: native sparse kernels unavailable ({reason}); SparseDense uses TensorFlow's kernels",

@@ -21,8 +21,8 @@
 //       dv[k] = sum_b x[b, i_k] * dy[b, j_k] for the k-th stored entry (i_k, j_k):
 //       the values gradient (a sampled dense-dense product), no [nnz, batch] temporary.
 //
-// Batches of at least one machine vector (8 rows on AVX2, 16 on AVX-512) go
-// through tiles of up to 4 vectors of batch rows: the tile of x is
+// Batches of at least one machine vector (4 rows with SSE2 or NEON, 8 with AVX,
+// 16 with AVX-512) go through tiles of up to 4 vectors of batch rows: the tile of x is
 // transposed into a [n_features, tile] buffer that stays in cache and each
 // output row accumulates value * buffer[col] with vector FMAs, two entries
 // at a time. The input gradient walks W as stored. The forward pass walks
@@ -53,9 +53,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
-#ifdef __AVX2__
+// The AVX2 paths (register transposes, 8-wide gathers) need FMA as well.
+#if defined(__AVX2__) && defined(__FMA__)
+#define PRUNE_AVX2 1
 #include <immintrin.h>
 #endif
 
@@ -69,15 +72,37 @@ using shape_inference::ShapeHandle;
 
 namespace {
 
-// One machine vector of floats. GCC lowers a 64-byte vector type through
-// memory without AVX-512 (measured 15x slower on AVX2), so the width follows
-// the instruction set the library is compiled for (-march=native).
-#ifdef __AVX512F__
-constexpr int kLanes = 16;
-typedef float vec __attribute__((vector_size(64)));
+// One machine vector of floats. GCC lowers a vector type wider than the
+// machine's through memory (a 64-byte type without AVX-512 measured 15x
+// slower on AVX2), so the width follows the instruction set the library is
+// compiled for: 16 lanes with AVX-512, 8 with AVX, else 4 (SSE2, the x86-64
+// baseline; NEON on aarch64). PRUNE_VEC_BYTES overrides it (tests build the
+// 4-lane path on x86-64 to run the code that aarch64 compiles).
+#if defined(PRUNE_VEC_BYTES)
+constexpr int kVecBytes = PRUNE_VEC_BYTES;
+#elif defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVecBytes = 32;
 #else
-constexpr int kLanes = 8;
-typedef float vec __attribute__((vector_size(32)));
+constexpr int kVecBytes = 16;
+#endif
+static_assert(kVecBytes == 16 || kVecBytes == 32 || kVecBytes == 64, "PRUNE_VEC_BYTES must be 16, 32 or 64");
+constexpr int kLanes = kVecBytes / 4;
+typedef float vec __attribute__((vector_size(kVecBytes)));
+
+#if defined(__AVX512F__)
+#define PRUNE_ISA "avx512"
+#elif defined(PRUNE_AVX2)
+#define PRUNE_ISA "avx2+fma"
+#elif defined(__AVX__)
+#define PRUNE_ISA "avx"
+#elif defined(__ARM_NEON)
+#define PRUNE_ISA "neon"
+#elif defined(__SSE2__)
+#define PRUNE_ISA "sse2"
+#else
+#define PRUNE_ISA "generic"
 #endif
 
 // Per-thread scratch, grown on demand and reused across calls.
@@ -136,7 +161,7 @@ struct Error {
 // (rows, cols <= 8); a full 8x8 block in AVX2 registers, else element by element.
 inline void Transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
                        int64_t cols) {
-#ifdef __AVX2__
+#ifdef PRUNE_AVX2
   if (rows == 8 && cols == 8) {
     __m256 r[8], t[8];
     for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
@@ -191,7 +216,7 @@ void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* val
       const int64_t qn = std::max<int64_t>(0, std::min<int64_t>(8, tb - q0));
       Transpose8(x + (b0 + q0) * n_cols + c0, n_cols, buf + c0 * W + q0, W, qn, cn);
       for (int64_t cc = 0; cc < cn; ++cc)
-        for (int64_t q = qn; q < 8; ++q) buf[(c0 + cc) * W + q0 + q] = 0.0f;
+        for (int64_t q = qn; q < std::min<int64_t>(8, W - q0); ++q) buf[(c0 + cc) * W + q0 + q] = 0.0f;
     }
   }
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
@@ -307,7 +332,7 @@ void RowDots(const float* x, const Csr& m, const float* vals, int64_t nnz, int64
   }
 }
 
-#ifdef __AVX2__
+#ifdef PRUNE_AVX2
 // Batch 1 with AVX2: eight entries at a time, x (and, with kPerm, the values)
 // fetched by vector gathers; the eight columns (and positions) are range-checked
 // with one vector compare before they are used.
@@ -372,7 +397,7 @@ void SmallBatch(OpKernelContext* ctx, const float* x, const Csr& m, const float*
   const int64_t units = std::min<int64_t>(2 * NumThreads(ctx), std::max<int64_t>(1, nnz * B / kSmallUnit));
   const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, units);
   Parallel(ctx, units, [&](int64_t u) {
-#ifdef __AVX2__
+#ifdef PRUNE_AVX2
     if (B == 1) return RowDots1<kPerm>(x, m, vals, nnz, bounds[u], bounds[u + 1], y, err);
 #endif
     RowDots<B, kPerm>(x, m, vals, nnz, bounds[u], bounds[u + 1], y, err);
@@ -645,6 +670,14 @@ class PruneSddmmOp : public OpKernel {
 };
 
 }  // namespace
+
+// The vector path compiled in, for prune.native.status() (read with ctypes); the
+// instruction-set name is also a plain string in the object, for compile checks.
+extern "C" __attribute__((visibility("default"), used)) const char prune_native_isa[] = "prune-isa:" PRUNE_ISA;
+extern "C" __attribute__((visibility("default"))) const char* prune_native_vector_path() {
+  static const std::string path = std::string(PRUNE_ISA) + " (" + std::to_string(kLanes) + " lanes)";
+  return path.c_str();
+}
 
 REGISTER_OP("PruneSpmm")
     .Input("x: float")
