@@ -272,7 +272,7 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
     from experiments.cluster import Job, run_dask, run_local
     from experiments.run_one import result_path
     from experiments.store import Store, atomic_write
-    from experiments.summary import format_summary, overhead, summarize
+    from experiments.summary import format_summary, kernel_note, overhead, summarize
 
     store = Store(root)
     try:
@@ -349,6 +349,9 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
             print(oh.to_string())
         if len(todo):
             print(f"sweep wall time per run: {wall / len(todo):.2f} s")
+    note = kernel_note(frame)
+    if note:
+        print("\n" + note)
     diverged = int((frame["status"] == "diverged").sum())
     if diverged:
         print(f"\n{diverged} run(s) diverged (loss NaN or infinite): listed above, excluded from the means")

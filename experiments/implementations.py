@@ -201,4 +201,9 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
         result, report, predict, data.x_test, model, run_dir / "checkpoint.weights.h5", _variable_bytes(model), "keras"
     )
     out["kernels"] = {layer: ws[0][1] for layer, ws in kernels.items()}  # final dense kernels, for tests
+    if impl.takes_matmul:  # the kernels it actually ran on, and the native build's flags when that ran
+        from prune import native
+
+        out["native_kernel"] = native.kernel_label(run.implementation.matmul)
+        out["native_flags"] = native.status().flags if out["native_kernel"].startswith("native") else ""
     return out

@@ -248,6 +248,8 @@ def _execute(run: RunConfig, run_dir: Path, context: dict[str, Any]) -> dict[str
             total_seconds=total,
             overhead_seconds=startup + total - out["fit_seconds"] - out["eval_seconds"],
             keras_impl=out["keras_impl"],
+            native_kernel=out.get("native_kernel", ""),
+            native_flags=out.get("native_flags", ""),
         )
         curves = [dict(run_id=run.run_id, epoch=e, metric=m, value=v) for e, m, v in out["curves"]]
         log(f"done test_accuracy={metrics['test_accuracy']:.4f} sparsity={metrics['sparsity']:.4f}")

@@ -128,6 +128,11 @@ METRIC_COLUMNS = [
     "numpy_version",
     "python_version",
     "cpu_model",
+    # the kernels a sparse_tensor run ran on: "native <vector path>", or "tensorflow (fallback: <reason>)" when the
+    # native library did not load, or "tensorflow" for matmul coo/csr (prune.native.kernel_label); and the native
+    # build's instruction-set flags. Empty for the other implementations.
+    "native_kernel",
+    "native_flags",
     "intra_op_threads",
     "inter_op_threads",
     "worker_kind",
@@ -141,10 +146,21 @@ AXIS_COLUMNS = ("pattern", "criterion", "distribution", "method")
 """Added with the pattern, criterion and distribution axes, then the method axis. A ``runs.csv`` written
 before them has every other column; its rows are read with the defaults those runs used (empty for dense)."""
 AXIS_DEFAULTS = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer", "method": "gmp"}
-_LEGACY_HEADERS = [  # headers of older runners: without the method column, and without all four
-    [c for c in RUN_COLUMNS if c != "method"],
-    [c for c in RUN_COLUMNS if c not in AXIS_COLUMNS],
-]
+NATIVE_COLUMNS = ("native_kernel", "native_flags")
+"""Added when runs began to record their kernels; older rows read them as empty (unknown)."""
+_LATER_COLUMNS = frozenset(AXIS_COLUMNS + NATIVE_COLUMNS)
+
+
+def _legacy_missing(header: list[str]) -> list[str] | None:
+    """The later-added columns an older runner's ``header`` lacks, or ``None`` if it is not such a header.
+
+    An older header is :data:`RUN_COLUMNS` in order with some of the columns
+    added since (the pruning axes, then the method axis, then the kernel columns) left out.
+    """
+    missing = [c for c in RUN_COLUMNS if c not in header]
+    if not missing or header != [c for c in RUN_COLUMNS if c in header] or not set(missing) <= _LATER_COLUMNS:
+        return None
+    return missing
 CURVE_COLUMNS = ["run_id", "epoch", "metric", "value"]
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 """``OSError`` numbers that mean the results cannot be written (not a fault of the run)."""
@@ -257,11 +273,11 @@ def _read_rows(path: Path, columns: list[str]) -> tuple[list[dict[str, str]], bo
     first = next(csv.reader(io.StringIO(text[: text.find("\n") + 1])), [])
     if first == columns:
         rows = list(csv.DictReader(io.StringIO(text)))
-    elif columns == RUN_COLUMNS and first in _LEGACY_HEADERS:  # written before some axes: add their defaults
+    elif columns == RUN_COLUMNS and _legacy_missing(first):  # an older runner's: add the defaults it ran with
         rows = list(csv.DictReader(io.StringIO(text)))
         for r in rows:
             dense = r.get("implementation") == "dense"
-            r.update({c: "" if dense else AXIS_DEFAULTS[c] for c in AXIS_COLUMNS if c not in first})
+            r.update({c: "" if dense or c in NATIVE_COLUMNS else AXIS_DEFAULTS[c] for c in _legacy_missing(first)})
         dropped = True  # rewritten with the new header when the runner opens the folder
     elif len(first) == len(columns) and first[0] != columns[0]:  # header lost: rows only
         rows = list(csv.DictReader(io.StringIO(text), fieldnames=columns))

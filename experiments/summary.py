@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["summarize", "overhead", "format_summary"]
+__all__ = ["summarize", "overhead", "format_summary", "kernel_note"]
 
 _METRICS = {
     "test_accuracy": "accuracy",
@@ -95,3 +95,21 @@ def overhead(runs: pd.DataFrame) -> pd.DataFrame:
     table = ok.groupby("implementation")[cols].mean()
     table["runs"] = ok.groupby("implementation").size()
     return table
+
+
+def kernel_note(runs: pd.DataFrame) -> str | None:
+    """One line when any run of ``runs`` ran without the native kernels it asked for, else ``None``.
+
+    Such runs timed TensorFlow's kernels (``native_kernel`` starts with
+    ``tensorflow (fallback``), so their speed is not comparable with runs on
+    the native ones. Tables from before the column say nothing.
+    """
+    if "native_kernel" not in runs:
+        return None
+    kernel = runs["native_kernel"].fillna("").astype(str)
+    fallback = kernel[kernel.str.startswith("tensorflow (fallback")]
+    if fallback.empty:
+        return None
+    reasons = "; ".join(sorted(set(fallback)))
+    return (f"note: {len(fallback)} of {len(runs)} run(s) ran on TensorFlow's kernels, not the native ones: {reasons} "
+            "(column native_kernel of runs.csv); their timings are not comparable with native runs")

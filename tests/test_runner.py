@@ -169,3 +169,6 @@ def test_same_config_twice_gives_identical_accuracy(tmp_path):
     assert curves_a == curves_b
     if HAS_CONVERT:
         assert {r["matmul"] for r in rows_a.values() if r["implementation"] == "sparse_tensor"} == {"csr"}
+    # Each row says which kernels ran: TensorFlow's CSR by choice here, nothing for the other implementations.
+    kernels = {r["implementation"]: (r["native_kernel"], r["native_flags"]) for r in rows_a.values()}
+    assert kernels == {"masked": ("", ""), "tfmot": ("", ""), **({"sparse_tensor": ("tensorflow", "")} if HAS_CONVERT else {})}

@@ -81,6 +81,14 @@ def test_a_real_run_with_a_structured_pattern_and_snip(tmp_path, impl, pattern, 
 
     out = train_keras3(run, data, tmp_path, lambda line: None)
     assert out["final"]["test_accuracy"] > 0.2  # it learns (chance is 0.1); 3 epochs of a 16-unit MLP are not more
+    if impl == "sparse_tensor":  # matmul auto: the native kernels with this build's flags, or the fallback's reason
+        from prune import native
+
+        st = native.status()
+        want = (f"native {st.vector}", st.flags) if st.available else (f"tensorflow (fallback: {st.reason})", "")
+        assert (out["native_kernel"], out["native_flags"]) == want and want[0] and (want[1] or not st.available)
+    else:
+        assert "native_kernel" not in out
     kernels = list(out["kernels"].values())
     assert [k.shape for k in kernels] == [(64, 16), (16, 10)]
     for kernel, expected in zip(kernels, snip):
@@ -107,6 +115,7 @@ def test_a_runs_csv_from_before_the_axes_is_read_with_their_defaults(tmp_path):
     for row in rows.values():
         expected = ("", "", "") if row["implementation"] == "dense" else ("unstructured", "magnitude", "layer")
         assert (row["pattern"], row["criterion"], row["distribution"]) == expected
+        assert row["native_kernel"] == row["native_flags"] == ""  # not recorded then: unknown
     store.open()  # the runner's open rewrites it with today's header
     assert (root / "runs.csv").read_text().splitlines()[0].split(",") == RUN_COLUMNS
     assert Store(root).read() == rows
@@ -141,3 +150,21 @@ def test_the_axes_figure_is_one_file_pair_and_byte_identical(tmp_path):
     second = figures.draw_figures("axes", tmp_path / "b", tmp_path / "results")
     assert [p.name for p in first] == ["accuracy_by_pattern.pdf", "accuracy_by_pattern.png"]
     assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+
+
+def test_a_runs_csv_from_before_the_kernel_columns_is_read_and_the_fallback_is_named(tmp_path):
+    """The methods table has every axis but no native_kernel/native_flags: read with them empty; a fallback row is named."""
+    from experiments.summary import kernel_note
+
+    root = tmp_path / "methods"
+    root.mkdir()
+    lines = (REPO / "results" / "methods" / "runs.csv").read_text().splitlines(keepends=True)
+    assert "native_kernel" not in lines[0]
+    (root / "runs.csv").write_text("".join(lines[:3]))
+    rows = Store(root).read()
+    assert len(rows) == 2 and all(r["native_kernel"] == r["native_flags"] == "" for r in rows.values())
+    frame = pd.DataFrame(list(rows.values()))
+    assert kernel_note(frame) is None
+    frame.loc[frame.index[0], "native_kernel"] = "tensorflow (fallback: PRUNE_NATIVE=0)"
+    note = kernel_note(frame)
+    assert note is not None and "1 of 2 run(s)" in note and "PRUNE_NATIVE=0" in note
