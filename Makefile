@@ -4,14 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench figures clean
+.PHONY: setup demo test test-fast test-pythons bench figures clean
 
 setup: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+# The development install: the library with its extras (runner, tfmot baseline, tests), and the
+# matplotlib/Pillow versions that drew the committed figures (constraints/figures.txt).
+$(STAMP): setup.cfg pyproject.toml constraints/figures.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]" -c constraints/figures.txt
 	touch $(STAMP)
 
 # The main job: the quickstart sweep (every implementation x 4 sparsities on
@@ -32,6 +34,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest $(TEST_ARGS) -m "not slow"
 
+# The fast tests on each installed CPython that TensorFlow 2.21 supports (3.10-3.13), one nox
+# virtualenv each (.nox/); pyenv's versions are put on PATH when pyenv is there.
+PYENV_PYTHONS := $(shell pyenv versions --bare 2>/dev/null | grep -E '^3\.1[0-3]\.' | paste -sd: -)
+test-pythons: $(STAMP)
+	PYENV_VERSION="$(PYENV_PYTHONS)" $(PY) -m nox
+
 figures: $(STAMP)
 	$(PY) -m experiments figures paper
 	$(PY) -m experiments figures patterns
@@ -41,4 +49,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/fit_step.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .nox

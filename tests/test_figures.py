@@ -209,7 +209,24 @@ def _stale_figures(committed: Path, drawn: Path) -> list[str]:
     return stale
 
 
+def _figure_pins() -> dict[str, str]:
+    """The versions that drew the committed figures, from constraints/figures.txt (``{"matplotlib": "3.11.2", ...}``)."""
+    pins = {}
+    for line in (REPO / "constraints" / "figures.txt").read_text().splitlines():
+        spec = line.split("#")[0].split(";")[0].strip()
+        if "==" in spec:
+            name, version = spec.split("==")
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
 def _committed_figure_folders() -> dict[str, Path]:
+    from importlib.metadata import version
+
+    off = {name: (pin, version(name)) for name, pin in _figure_pins().items() if version(name) != pin}
+    if off:
+        pytest.skip(f"the committed figures were drawn with {_figure_pins()} (constraints/figures.txt); installed: "
+                    + ", ".join(f"{n} {v}" for n, (_, v) in off.items()))
     results = REPO / "results"
     committed = {
         d.parent.name: d for d in sorted(results.glob("*/figures")) if d.is_dir() and any(p.is_file() for p in d.iterdir())
