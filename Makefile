@@ -34,9 +34,9 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest $(TEST_ARGS) -m "not slow"
 
-# The fast tests on each installed CPython that TensorFlow 2.21 supports (3.10-3.13), one nox
+# The fast tests on each installed CPython that prune supports (3.11-3.13), one nox
 # virtualenv each (.nox/); pyenv's versions are put on PATH when pyenv is there.
-PYENV_PYTHONS := $(shell pyenv versions --bare 2>/dev/null | grep -E '^3\.1[0-3]\.' | paste -sd: -)
+PYENV_PYTHONS := $(shell pyenv versions --bare 2>/dev/null | grep -E '^3\.1[1-3]\.' | paste -sd: -)
 test-pythons: $(STAMP)
 	PYENV_VERSION="$(PYENV_PYTHONS)" $(PY) -m nox
 

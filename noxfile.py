@@ -1,4 +1,4 @@
-"""The fast tests on every CPython that TensorFlow 2.21 ships wheels for: ``make test-pythons``.
+"""The fast tests on every supported CPython (3.11-3.13; see setup.cfg's python_requires): ``make test-pythons``.
 
 Each session makes its own virtual environment, installs the project with its development extras
 (and the figure constraints) and runs ``pytest -m "not slow"``. ``make test`` stays on the default
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import nox
 
-PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+PYTHONS = ["3.11", "3.12", "3.13"]
 
 nox.options.sessions = ["tests"]
 nox.options.error_on_missing_interpreters = False
