@@ -21,13 +21,26 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["uniform_zeros", "erk_sparsities", "erk_zeros"]
+__all__ = ["uniform_zeros", "erk_sparsities", "erk_zeros", "configured_target"]
 
 
 def _check_sparsity(sparsity: float) -> float:
     if not (0.0 <= float(sparsity) < 1.0):
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity!r}")
     return float(sparsity)
+
+
+def configured_target(sparsity: float) -> float:
+    """The sparsity a user configured, from the float32 a schedule hands the engine.
+
+    Schedules compute in float32 (bit-compatible with tfmot), so
+    ``ConstantSparsity(0.9)`` gives 0.8999999762. Per-layer floors of such a
+    value drift from a formula evaluated at 0.9 (ERK kept 4 entries more than
+    rigl's and put one of them in a layer it declares dense). The shortest
+    decimal that rounds to the same float32 is the configured value whenever
+    the schedule is at one (0.9 here), and the float32's own value otherwise.
+    """
+    return float(repr(np.float32(sparsity)).removeprefix("np.float32(").removesuffix(")"))
 
 
 def uniform_zeros(shapes: Mapping[str, tuple[int, ...]], sparsity: float) -> dict[str, int]:
@@ -91,7 +104,9 @@ def erk_zeros(shapes: Mapping[str, tuple[int, ...]], sparsity: float, power_scal
 
     Each weight first gets ``floor(s_l * n_l)`` zeros; the remaining zeros go,
     one each, to the weights with the largest fractional parts (ties to the
-    earlier key), never filling a weight completely.
+    earlier key), never filling a weight completely and never into a weight
+    that ERK makes dense (``s_l = 0``), so each weight is within one entry of
+    ``s_l * n_l``.
     """
     s = _check_sparsity(sparsity)
     sizes = {k: int(np.prod(shape, dtype=np.int64)) for k, shape in shapes.items()}
@@ -101,7 +116,7 @@ def erk_zeros(shapes: Mapping[str, tuple[int, ...]], sparsity: float, power_scal
     zeros = {k: min(int(np.floor(exact[k])), sizes[k] - 1) for k in shapes}
     short = total - sum(zeros.values())
     keys = list(shapes)
-    order = sorted(range(len(keys)), key=lambda i: (-(exact[keys[i]] - zeros[keys[i]]), i))
+    order = [i for i in sorted(range(len(keys)), key=lambda i: (-(exact[keys[i]] - zeros[keys[i]]), i)) if sp[keys[i]] > 0]
     while short != 0:
         moved = False
         for i in order:
@@ -117,5 +132,7 @@ def erk_zeros(shapes: Mapping[str, tuple[int, ...]], sparsity: float, power_scal
             if short == 0:
                 break
         if not moved:
-            raise ValueError(f"cannot place {total} zeros in weights of sizes {sizes} without emptying one")
+            raise ValueError(
+                f"cannot place {total} zeros in weights of sizes {sizes} without emptying one or filling a dense one"
+            )
     return zeros

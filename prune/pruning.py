@@ -237,6 +237,7 @@ def _erk_masks(
     if not pattern.has_units:
         raise ValueError(f"pattern {pattern!r} fixes each group's sparsity and cannot be used with scope='erk'")
     shapes = {k: tuple(v.shape) for k, v in scores.items()}
+    sparsity = _dist.configured_target(sparsity)  # 0.9, not the schedule's float32 0.8999999762
     if isinstance(pattern, Unstructured):
         zeros = _dist.erk_zeros(shapes, sparsity)  # exact in total
         return {k: _masks.topk_mask(scores[k], zeros[k] / scores[k].size, previous[k]) for k in scores}

@@ -159,5 +159,60 @@ def test_erk_zeros_exact_total_with_fractions():
         assert sum(zeros.values()) == round(s * (21 + 25 + 24))
 
 
+LENET = {"fc1/kernel": (784, 300), "fc2/kernel": (300, 100), "out/kernel": (100, 10)}
+
+
+def _rigl_counts(shapes, sparsity):
+    """rigl's zeros per weight: floor(s_l * n_l) of its ERK sparsities (the equation, evaluated independently here)."""
+    sizes = {k: int(np.prod(v)) for k, v in shapes.items()}
+    raw = {k: sum(v) / sizes[k] for k, v in shapes.items()}
+    dense: set = set()
+    while True:
+        rhs = sum(sizes[k] - np.floor(sparsity * sizes[k]) for k in shapes if k not in dense)
+        rhs -= sum(np.floor(sparsity * sizes[k]) for k in dense)
+        eps = rhs / sum(raw[k] * sizes[k] for k in shapes if k not in dense)
+        top = max(raw[k] for k in shapes if k not in dense)
+        if top * eps <= 1:
+            return {k: 0 if k in dense else int(np.floor((1 - eps * raw[k]) * sizes[k])) for k in shapes}
+        dense |= {k for k in shapes if k not in dense and raw[k] == top}
+
+
+def test_erk_matches_rigl_counts_and_keeps_its_dense_layer_dense():
+    """LeNet-300-100 at 90%: ERK makes the 100x10 layer dense; every count within one of rigl's, the total exact."""
+    rigl = _rigl_counts(LENET, 0.9)
+    assert rigl["out/kernel"] == 0
+    for s in (0.9, float(np.float32(0.9))):  # exact, and what ConstantSparsity(0.9) hands the engine
+        zeros = distributions.erk_zeros(LENET, distributions.configured_target(s))
+        assert zeros["out/kernel"] == 0, s
+        assert all(abs(zeros[k] - rigl[k]) <= 1 for k in LENET), (zeros, rigl)
+        assert sum(zeros.values()) == round(0.9 * sum(int(np.prod(v)) for v in LENET.values()))
+    # Without the configured target the float32 value's floors drift, but the dense layer still gets no zero.
+    drifted = distributions.erk_zeros(LENET, float(np.float32(0.9)))
+    assert drifted["out/kernel"] == 0 and drifted != distributions.erk_zeros(LENET, 0.9)
+
+
+def test_configured_target_is_the_shortest_float32_decimal():
+    assert distributions.configured_target(np.float32(0.9)) == 0.9
+    assert distributions.configured_target(float(np.float32(0.95))) == 0.95
+    assert distributions.configured_target(0.7234567) == 0.7234567
+    assert np.float32(distributions.configured_target(np.float32(1 / 3))) == np.float32(1 / 3)
+
+
+def test_engine_erk_at_constant_sparsity_keeps_the_dense_layer_dense():
+    """The engine with ConstantSparsity(0.9) and scope='erk' on a real LeNet-300-100: rigl's counts, 1000 of 1000 kept."""
+    import keras
+
+    import prune
+
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(300, name="fc1"),
+                              keras.layers.Dense(100, name="fc2"), keras.layers.Dense(10, name="out")])
+    pruned = prune.prune_low_magnitude(model, prune.ConstantSparsity(0.9, begin_step=0), scope="erk")
+    prune.update_masks(pruned, 0)
+    kept = {layer.name.split("prune_low_magnitude_")[-1]: layer.get_masks()["kernel"] for layer in pruned.layers}
+    zeros = {f"{k}/kernel": int((~m.astype(bool)).sum()) for k, m in kept.items()}
+    assert zeros == distributions.erk_zeros(LENET, 0.9)
+    assert int(kept["out"].sum()) == 1000
+
+
 def test_uniform_zeros():
     assert distributions.uniform_zeros({"a": (5,), "b": (7,)}, 0.5) == {"a": 2, "b": 4}
