@@ -91,6 +91,8 @@ def test_random_structure_has_exact_sparsity():
         (lambda: SparseDense(4, matmul="cusparse"), r"matmul must be one of .* got 'cusparse'"),
         (lambda: SparseDense.from_dense(np.ones((2, 2)), np.ones((2, 3))), r"mask must have shape \(2, 2\)"),
         (lambda: SparseDense.from_dense(np.ones((2, 2)), [[0, 2], [1, 1]]), r"mask"),
+        (lambda: SparseDense.from_dense(np.array([[1.0, np.nan], [2.0, 3.0]]), np.ones((2, 2))),
+         r"weights holds 1 NaN or infinite entries \(the first at \(0, 1\)"),
         (lambda: SparseDense(4, scope="global", pattern=prune.NByM(2, 4)), r"needs scope='layer', got scope='global'"),
         (lambda: SparseDense(0), r"units must be a positive integer, got 0"),
     ],

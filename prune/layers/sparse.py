@@ -239,11 +239,18 @@ class SparseDense(keras.layers.Layer):
             **layer_kwargs: Other constructor arguments.
 
         Raises:
-            ValueError: ``weights`` not 2-D, ``mask`` of another shape or not binary.
+            ValueError: ``weights`` not 2-D or holding NaN or inf (the pruning engine refuses
+                those too), ``mask`` of another shape or not binary; before anything is built.
         """
         w = np.asarray(weights)
         if w.ndim != 2:
             raise ValueError(f"weights must be a 2-D [n_in, n_out] matrix, got shape {w.shape}")
+        if w.dtype.kind in "fc" and not np.all(np.isfinite(w)):
+            bad = np.argwhere(~np.isfinite(w))
+            raise ValueError(
+                f"weights holds {len(bad)} NaN or infinite entries (the first at {tuple(int(i) for i in bad[0])}: "
+                f"{w[tuple(bad[0])]!r}); a sparse layer cannot be built from them"
+            )
         keep = _masks.validate_mask(mask, w.shape, name="mask")
         idx = np.argwhere(keep)
         return cls.from_sparse(idx, w[keep], w.shape, matmul=matmul, bias=bias, **layer_kwargs)
