@@ -210,6 +210,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"in progress: a run holds the folder ({SweepLock.describe(holder)})")
     for w in store.warnings:
         print(f"warning: {w} (run will move it aside)")
+    for line in store.repairs:
+        print(f"note: {line} (run will rewrite the file)")
+    for line in store.lost:
+        print(f"warning: {line}; run will redo that run")
     for title, group in (("diverged", by["diverged"]), ("failed", by["failed"]), ("missing", missing)):
         if group:
             print(f"\n{title}:")
@@ -279,8 +283,10 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
         store.open()
     except ValueError as e:
         raise UsageError(f"cannot use results folder {str(root)!r}: {e}") from None
-    for w in store.warnings:
+    for w in store.warnings + store.lost:
         print(f"warning: {w}", file=sys.stderr)
+    for line in store.repairs:
+        print(f"note: {line}", file=sys.stderr)
     atomic_write(root / "sweep.json", json.dumps(to_dict(sweep), indent=2, sort_keys=True) + "\n")
     commit, dirty = provenance.git_state()
     context = {"sweep": sweep.name, "git_commit": commit, "git_dirty": dirty}
