@@ -157,7 +157,20 @@ def _prepare(config_path: str) -> tuple[SweepConfig, list[RunConfig]]:
             check_available(ds)
         except DataUnavailable as e:
             raise UsageError(str(e)) from None
+    for run in runs:  # checks that need the number of training examples (IMP's rewind_step)
+        check = run.method.spec.check_data
+        if check is not None:
+            try:
+                check(run, lambda ds=run.dataset: _train_examples(ds))
+            except ConfigError as e:
+                raise UsageError(f"invalid config {config_path}: {e} (grid cell {run.run_id})") from None
     return sweep, runs
+
+
+def _train_examples(dataset: Any) -> int:
+    from experiments.data import load
+
+    return len(load(dataset).x_train)
 
 
 def _describe(run: RunConfig) -> str:
