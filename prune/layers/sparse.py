@@ -183,7 +183,9 @@ class SparseDense(keras.layers.Layer):
         self.pattern = pattern
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self.input_spec = keras.layers.InputSpec(min_ndim=2)
-        self.supports_jit = False  # CSR ops take variant tensors, native ops have no XLA kernel, nnz is dynamic
+        # Keras turns XLA off for a model with a layer that says False, with a warning naming none; True lets
+        # call() say which layer and kernel XLA cannot compile, at trace time (kernels.check_xla)
+        self.supports_jit = True
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -317,6 +319,7 @@ class SparseDense(keras.layers.Layer):
         if isinstance(training, bool) and training:
             require_driver(self)  # a schedule with nothing driving it: raise, at trace time (prune/driving.py)
             self.pruning_step.assign_add(1)  # the saved step counter, advanced inside the compiled step
+        kernels.check_xla(self.matmul, f"SparseDense layer {self.name!r}")
         x = tf.convert_to_tensor(inputs)
         if x.dtype != self.values.dtype:
             x = tf.cast(x, self.values.dtype)
