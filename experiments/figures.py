@@ -69,6 +69,7 @@ __all__ = [
     "load_sweep",
     "load_sweep_with_diverged",
     "load_layer_speed",
+    "read_tables",
     "main_table",
     "method_tables",
     "render",

@@ -10,13 +10,19 @@ the run row, which is the commit mark. After a crash (``kill -9``),
 by rewriting the file atomically (temporary file + ``os.replace``), so a rerun
 that redoes those runs leaves no duplicates.
 
-Every file can be damaged, and :meth:`Store.open` repairs or names it:
+Every file can be damaged, and :meth:`Store.open` repairs or names it, reading
+through :mod:`experiments.tables` (types per column, text only, named errors):
 
-* ``runs.csv`` empty, without its header line, or with duplicate rows: rebuilt
-  from its own complete rows plus each run's ``result.json``.
-* ``curves.csv`` missing, duplicated, or lacking a run's points: deduplicated
-  (one value per ``run_id, epoch, metric``, the last written wins) and completed
-  from the runs' ``result.json``.
+* every ``runs.csv`` row is checked against its run's ``result.json``, which
+  wins where they differ (a damaged cell, a duplicate); a row without one must
+  pass :data:`experiments.tables.RUN_SCHEMA`, or is refused with a
+  :class:`experiments.tables.TableError` naming the file, line and column;
+* ``runs.csv`` empty or without its header line: rebuilt from its rows plus
+  each run's ``result.json``;
+* ``curves.csv``: each run's points are exactly its ``result.json``'s; points of
+  a run without one are checked, and duplicates that agree dropped;
+* an IMP run's ``levels.csv``: rebuilt from its ``levels/NN/level.json`` files
+  when it differs; a run whose levels nothing restores is redone.
 * A ``result.json`` that cannot be read as a run's record: moved aside to
   ``result.json.corrupt`` and named in a warning; its run counts as missing and
   is redone, the others are unaffected.
