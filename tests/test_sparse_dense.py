@@ -293,7 +293,19 @@ def test_checkpoint_restores_a_longer_structure_after_compaction(tmp_path):
     np.testing.assert_allclose(layer(x).numpy(), before, rtol=1e-6)
 
 
-def test_jit_compile_runs_the_dense_kernel_under_xla_and_names_a_kernel_xla_cannot_compile():
+@pytest.fixture
+def no_op_determinism():
+    """Keras never compiles with XLA while op determinism is on, which the runner's tests leave on in this process."""
+    from tensorflow.python.framework import config as tf_config
+
+    was = tf_config.is_op_determinism_enabled()
+    tf_config.disable_op_determinism()
+    yield
+    if was:
+        tf_config.enable_op_determinism()
+
+
+def test_jit_compile_runs_the_dense_kernel_under_xla_and_names_a_kernel_xla_cannot_compile(no_op_determinism):
     """Keras turned XLA off for any SparseDense model, with a warning naming no layer; now XLA runs it."""
     w, mask = _weights(6, 4, 0.5)
     rng = np.random.default_rng(1)
