@@ -157,7 +157,20 @@ def _prepare(config_path: str) -> tuple[SweepConfig, list[RunConfig]]:
             check_available(ds)
         except DataUnavailable as e:
             raise UsageError(str(e)) from None
+    for run in runs:  # checks that need the number of training examples (IMP's rewind_step)
+        check = run.method.spec.check_data
+        if check is not None:
+            try:
+                check(run, lambda ds=run.dataset: _train_examples(ds))
+            except ConfigError as e:
+                raise UsageError(f"invalid config {config_path}: {e} (grid cell {run.run_id})") from None
     return sweep, runs
+
+
+def _train_examples(dataset: Any) -> int:
+    from experiments.data import load
+
+    return len(load(dataset).x_train)
 
 
 def _describe(run: RunConfig) -> str:
@@ -210,6 +223,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"in progress: a run holds the folder ({SweepLock.describe(holder)})")
     for w in store.warnings:
         print(f"warning: {w} (run will move it aside)")
+    for line in store.repairs:
+        print(f"note: {line} (run will rewrite the file)")
+    for line in store.lost:
+        print(f"warning: {line}; run will redo that run")
     for title, group in (("diverged", by["diverged"]), ("failed", by["failed"]), ("missing", missing)):
         if group:
             print(f"\n{title}:")
@@ -279,8 +296,10 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
         store.open()
     except ValueError as e:
         raise UsageError(f"cannot use results folder {str(root)!r}: {e}") from None
-    for w in store.warnings:
+    for w in store.warnings + store.lost:
         print(f"warning: {w}", file=sys.stderr)
+    for line in store.repairs:
+        print(f"note: {line}", file=sys.stderr)
     atomic_write(root / "sweep.json", json.dumps(to_dict(sweep), indent=2, sort_keys=True) + "\n")
     commit, dirty = provenance.git_state()
     context = {"sweep": sweep.name, "git_commit": commit, "git_dirty": dirty}

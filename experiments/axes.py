@@ -314,6 +314,9 @@ class Method:
         train: ``"module:function"`` that replaces the implementation's training
             entirely (``imp``: many trainings in one run).
         check: ``check(run)`` for what the method needs of the run, raising :class:`ConfigError`.
+        check_data: ``check_data(run, n_train)`` for what it needs of the data, raising
+            :class:`ConfigError`; ``n_train()`` loads the dataset and counts its training
+            examples (the runner calls it before any run starts, only when needed).
     """
 
     name: str
@@ -325,6 +328,7 @@ class Method:
     keras: str = "experiments.methods:scheduled"
     train: str | None = None
     check: Callable[[RunConfig], None] | None = None
+    check_data: Callable[[RunConfig, Callable[[], int]], None] | None = None
 
 
 METHODS: Registry[Method] = Registry("method")
@@ -355,6 +359,22 @@ def _check_imp(run: RunConfig) -> None:
     for i, s in enumerate(run.method.params.stops):
         if s >= run.sparsity:
             raise ConfigError(f"method.stops[{i}]", f"is {s!r}, not below the run's sparsity {run.sparsity!r}")
+
+
+def _check_imp_steps(run: RunConfig, n_train: Callable[[], int]) -> None:
+    k = run.method.params.rewind_step
+    if k <= run.training.epochs:  # every epoch has at least one step: no need to load the data
+        return
+    from experiments.train import steps_per_epoch
+
+    n = n_train()
+    total = run.training.epochs * steps_per_epoch(n, run.training.batch_size)
+    if k > total:
+        raise ConfigError(
+            "method.rewind_step",
+            f"is {k}, past the {total} steps of level-0 training ({run.training.epochs} epochs of {n} examples "
+            f"at batch_size {run.training.batch_size}); it must be at most {total}",
+        )
 
 
 def _check_snip(run: RunConfig) -> None:
@@ -475,5 +495,6 @@ METHODS.register(
         "it prunes, rewinds and retrains masked layers (experiments.imp); SparseDense and tfmot cannot rewind",
         train="experiments.methods:train_imp",
         check=_check_imp,
+        check_data=_check_imp_steps,
     )
 )

@@ -69,6 +69,7 @@ __all__ = [
     "load_sweep",
     "load_sweep_with_diverged",
     "load_layer_speed",
+    "read_tables",
     "main_table",
     "method_tables",
     "render",
@@ -90,24 +91,75 @@ _RUN_NUMERIC = [
 ]
 
 
-def load_sweep(sweep: str, results_root: str | Path = "results") -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_sweep(
+    sweep: str, results_root: str | Path = "results", notes: list[str] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read a sweep's ``runs.csv`` and ``curves.csv``; see :func:`load_sweep_with_diverged`.
 
     Returns:
         ``(runs, curves)``: the finished runs with a test accuracy and their curves.
     """
-    runs, curves, _ = load_sweep_with_diverged(sweep, results_root)
+    runs, curves, _ = load_sweep_with_diverged(sweep, results_root, notes)
+    return runs, curves
+
+
+def _sweep_folder(sweep: str, results_root: str | Path) -> Path:
+    if not isinstance(sweep, str) or not sweep or "/" in sweep or sweep in (".", ".."):
+        raise ValueError(f"sweep must be the name of a folder under the results root, got {sweep!r}")
+    root = Path(results_root)
+    if not root.is_dir():
+        raise ValueError(f"results_root {str(root)!r} is not a directory")
+    folder = root / sweep
+    if not folder.is_dir():
+        have = sorted(p.name for p in root.iterdir() if (p / "runs.csv").is_file())
+        raise ValueError(f"sweep {sweep!r}: no folder {str(folder)!r}; sweeps with a runs.csv under {str(root)!r}: {have}")
+    for name in ("runs.csv", "curves.csv"):
+        if not (folder / name).is_file():
+            raise ValueError(f"sweep {sweep!r}: {name} missing ({str(folder / name)!r} is not a file)")
+    return folder
+
+
+def read_tables(folder: Path, notes: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A sweep folder's ``runs.csv`` and ``curves.csv`` through the runner's checked reader, as pandas reads them.
+
+    The rows are those ``status`` and ``run`` see (:meth:`experiments.store.Store.read`):
+    each cell checked against :data:`experiments.tables.RUN_SCHEMA`, duplicates
+    dropped, anything that differs from a run's ``result.json`` restored from
+    it (one line per repair appended to ``notes``, if given).
+
+    Raises:
+        ValueError: naming the file, line and column of what nothing restores.
+    """
+    from experiments.store import CURVE_COLUMNS, Store, _csv_text
+
+    store = Store(folder, hand_made=True)
+    store.read()
+    if store.lost:
+        raise ValueError(f"{store.lost[0]}: the figures would leave that run out")
+    if notes is not None:
+        notes.extend(store.warnings + store.repairs)
+    text = _csv_text(store.rows.values(), store.header, header=True)
+    if not store.rows and not (folder / "runs.csv").stat().st_size:
+        raise ValueError(f"{folder / 'runs.csv'}: empty file (0 bytes), and no runs/*/result.json to rebuild it from")
+    runs = pd.read_csv(
+        io.StringIO(text),
+        dtype={"run_id": str, "matmul": str, "status": str, "implementation": str}
+        | {c: str for c in ("pattern", "criterion", "distribution", "method")},
+    )
+    curves = pd.read_csv(io.StringIO(_csv_text(store.curves, CURVE_COLUMNS, header=True)), dtype={"run_id": str, "metric": str})
     return runs, curves
 
 
 def load_sweep_with_diverged(
-    sweep: str, results_root: str | Path = "results"
+    sweep: str, results_root: str | Path = "results", notes: list[str] | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Read a sweep's ``runs.csv`` and ``curves.csv``.
+    """Read a sweep's ``runs.csv`` and ``curves.csv``, checked and repaired by :func:`read_tables`.
 
     Args:
         sweep: Name of the folder under ``results_root`` (e.g. ``"paper"``).
         results_root: The results root.
+        notes: If given, one line is appended per repair made in memory (a cell
+            or row restored from a run's ``result.json``, a duplicate dropped).
 
     Returns:
         ``(runs, curves, diverged)``: the finished runs with a test accuracy, tidied by
@@ -120,28 +172,14 @@ def load_sweep_with_diverged(
 
     Raises:
         ValueError: the sweep folder, ``runs.csv`` or ``curves.csv`` is
-            missing, a table lacks columns, or no run finished.
+            missing, not text or damaged where nothing restores it (naming the
+            file, line and column), a table lacks columns, or no run finished.
     """
     from experiments.plotting import tidy_runs
 
-    if not isinstance(sweep, str) or not sweep or "/" in sweep or sweep in (".", ".."):
-        raise ValueError(f"sweep must be the name of a folder under the results root, got {sweep!r}")
-    root = Path(results_root)
-    if not root.is_dir():
-        raise ValueError(f"results_root {str(root)!r} is not a directory")
-    folder = root / sweep
-    if not folder.is_dir():
-        have = sorted(p.name for p in root.iterdir() if (p / "runs.csv").is_file())
-        raise ValueError(f"sweep {sweep!r}: no folder {str(folder)!r}; sweeps with a runs.csv under {str(root)!r}: {have}")
-    runs_path, curves_path = folder / "runs.csv", folder / "curves.csv"
-    for name, path in (("runs.csv", runs_path), ("curves.csv", curves_path)):
-        if not path.is_file():
-            raise ValueError(f"sweep {sweep!r}: {name} missing ({str(path)!r} is not a file)")
-    runs = pd.read_csv(
-        runs_path,
-        dtype={"run_id": str, "matmul": str, "status": str, "implementation": str}
-        | {c: str for c in ("pattern", "criterion", "distribution", "method")},
-    )
+    folder = _sweep_folder(sweep, results_root)
+    runs_path = folder / "runs.csv"
+    runs, curves = read_tables(folder, notes)
     for col in _RUN_NUMERIC:
         if col in runs.columns:
             runs[col] = pd.to_numeric(runs[col], errors="coerce")
@@ -174,10 +212,6 @@ def load_sweep_with_diverged(
         raise ValueError(
             f"sweep {sweep!r}: {runs_path} has no run with status 'ok' and a test_accuracy ({len(runs)} rows)"
         )
-    curves = pd.read_csv(curves_path, dtype={"run_id": str, "metric": str})
-    missing = [c for c in ("run_id", "epoch", "metric", "value") if c not in curves.columns]
-    if missing:
-        raise ValueError(f"sweep {sweep!r}: {curves_path} lacks columns {missing}")
     curves = curves[curves["run_id"].isin(set(ok["run_id"]))]
     curves = curves.sort_values(["run_id", "metric", "epoch"], kind="mergesort").reset_index(drop=True)
     return ok, curves, diverged
@@ -289,6 +323,7 @@ def draw_figures(
     results_root: str | Path = "results",
     curve_sparsity: float | None = None,
     skipped: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """Draw every figure and the main table of ``sweep`` into ``out``.
 
@@ -299,8 +334,11 @@ def draw_figures(
         curve_sparsity: Target sparsity of the accuracy-curve figure; default
             0.9 if the sweep has it, else its highest.
         skipped: If given, one line is appended per figure that the tables
-            cannot support (e.g. no dense ``step_time_ms``), which is then left
-            out instead of failing the whole draw.
+            cannot support (e.g. no dense ``step_time_ms``, no value in
+            ``nonzero_flops``, a damaged ``levels.csv``), naming what is
+            missing; that figure is then left out instead of failing the whole draw.
+        notes: If given, one line is appended per repair of the tables made in
+            memory (see :func:`load_sweep_with_diverged`).
 
     Returns:
         The written files, sorted.
@@ -311,7 +349,7 @@ def draw_figures(
     """
     from experiments import plotting
 
-    runs, curves, diverged_all = load_sweep_with_diverged(sweep, results_root)
+    runs, curves, diverged_all = load_sweep_with_diverged(sweep, results_root, notes)
     out_dir = Path(out) if out is not None else Path(results_root) / sweep / "figures"
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"out {str(out_dir)!r} exists and is not a directory")
@@ -319,8 +357,11 @@ def draw_figures(
 
     files: dict[str, bytes] = {}
 
-    def add(name: str, draw: Callable[[], Figure]) -> None:
+    def add(name: str, draw: Callable[[], Figure], needs: tuple[str, ...] = ()) -> None:
         try:
+            for col in needs:  # a column the figure plots, absent from the table or empty for every run drawn
+                if col not in sub or not sub[col].notna().any():
+                    raise ValueError(f"runs.csv has no value in column {col!r} for these runs (missing or empty)")
             fig = draw()
         except ValueError as e:
             if skipped is None:
@@ -337,7 +378,7 @@ def draw_figures(
         sub = runs[(runs["dataset"] == dataset) & (runs["model"] == model)].reset_index(drop=True)
         sfx = f"_{dataset}_{model}" if len(pairs) > 1 else ""
         if methods_sweep:
-            _add_method_figures(add, sub, Path(results_root) / sweep / "runs", sfx)
+            _add_method_figures(add, sub, Path(results_root) / sweep / "runs", sfx, notes)
             continue
         if axes_sweep:
             add(f"accuracy_by_pattern{sfx}", lambda: plotting.plot_accuracy_by_pattern(sub))
@@ -348,8 +389,8 @@ def draw_figures(
             div = diverged_all[(diverged_all["dataset"] == dataset) & (diverged_all["model"] == model)]
         add(f"accuracy_vs_sparsity{sfx}", lambda: plotting.plot_accuracy_vs_sparsity(sub, diverged=div))
         add(f"step_time_vs_sparsity{sfx}", lambda: plotting.plot_step_time_vs_sparsity(sub))
-        add(f"latency_vs_sparsity{sfx}", lambda: plotting.plot_latency_vs_sparsity(sub))
-        add(f"accuracy_vs_flops{sfx}", lambda: plotting.plot_accuracy_vs_flops(sub))
+        add(f"latency_vs_sparsity{sfx}", lambda: plotting.plot_latency_vs_sparsity(sub), ("latency_b1_ms", "latency_b256_ms"))
+        add(f"accuracy_vs_flops{sfx}", lambda: plotting.plot_accuracy_vs_flops(sub), ("nonzero_flops",))
         add(f"accuracy_curves{sfx}", lambda: plotting.plot_accuracy_curves(sub, curves, s))
         caption = (
             f"{model} on {dataset} (sweep {sweep}): test accuracy and speed, mean $\\pm$ std over seeds. "
@@ -375,23 +416,36 @@ def draw_figures(
     return written
 
 
-def _run_tables(runs_dir: Path, run_ids: list[str], name: str) -> pd.DataFrame:
-    """The ``name`` tables (``levels.csv``, ``mask_updates.csv``) of these runs, with a ``run_id`` column."""
+def _run_tables(runs_dir: Path, run_ids: list[str], name: str, notes: list[str] | None = None) -> pd.DataFrame:
+    """The ``name`` tables (``levels.csv``, ``mask_updates.csv``) of these runs, checked, with a ``run_id`` column.
+
+    ``levels.csv`` is checked against and restored from the run's
+    ``levels/NN/level.json`` (:func:`experiments.tables.read_levels`; repairs
+    go to ``notes``); ``mask_updates.csv`` must be intact.
+    """
+    from experiments import tables
+
     frames = []
     for run_id in run_ids:
-        path = runs_dir / run_id / name
-        if not path.is_file():
-            raise ValueError(f"run {run_id}: {name} missing ({str(path)!r} is not a file)")
-        frames.append(pd.read_csv(path).assign(run_id=run_id))
+        if name == "levels.csv":
+            text, found, _ = tables.read_levels(runs_dir / run_id)
+            if notes is not None:
+                notes.extend(found)
+        else:
+            text = tables.read_mask_updates(runs_dir / run_id / name)
+        frames.append(pd.read_csv(io.StringIO(text)).assign(run_id=run_id))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def method_tables(runs: pd.DataFrame, runs_dir: str | Path) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """The per-run tables of a sweep over the method axis.
+def method_tables(
+    runs: pd.DataFrame, runs_dir: str | Path, notes: list[str] | None = None
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The per-run tables of a sweep over the method axis, checked (see :func:`_run_tables`).
 
     Args:
         runs: The sweep's runs (:func:`load_sweep`), with ``method`` and ``target``.
         runs_dir: Its ``runs/`` folder.
+        notes: If given, one line is appended per repair (a ``levels.csv`` rebuilt from its level folders).
 
     Returns:
         ``(levels, updates)``: every IMP run's ``levels.csv`` rows and every
@@ -400,11 +454,12 @@ def method_tables(runs: pd.DataFrame, runs_dir: str | Path) -> tuple[pd.DataFram
         no such run.
 
     Raises:
-        ValueError: a run of those methods lacks its table.
+        ValueError: a run of those methods lacks its table, or the table is
+            damaged where nothing restores it (naming the file, line and column).
     """
     runs_dir = Path(runs_dir)
     imp_ids = runs.loc[runs["method"] == "imp", "run_id"].tolist()
-    levels = _run_tables(runs_dir, imp_ids, "levels.csv") if imp_ids else None
+    levels = _run_tables(runs_dir, imp_ids, "levels.csv", notes) if imp_ids else None
     dst = runs[runs["method"].isin(["set", "rigl"])]
     updates = None
     if not dst.empty:
@@ -413,16 +468,33 @@ def method_tables(runs: pd.DataFrame, runs_dir: str | Path) -> tuple[pd.DataFram
     return levels, updates
 
 
-def _add_method_figures(add: Callable[[str, Callable[[], Figure]], None], runs: pd.DataFrame, runs_dir: Path, sfx: str) -> None:
+def _add_method_figures(
+    add: Callable[..., None], runs: pd.DataFrame, runs_dir: Path, sfx: str, notes: list[str] | None
+) -> None:
     """A sweep over the method axis: accuracy by method; IMP's levels; SET/RigL mask changes."""
     from experiments import plotting
 
-    levels, updates = method_tables(runs, runs_dir)
-    add(f"accuracy_by_method{sfx}", lambda: plotting.plot_accuracy_by_method(runs, levels))
-    if levels is not None:
-        add(f"imp_levels{sfx}", lambda: plotting.plot_imp_levels(levels))
-    if updates is not None:
-        add(f"mask_changes{sfx}", lambda: plotting.plot_mask_changes(updates))
+    def table(name: str) -> Callable[[], pd.DataFrame | None]:
+        """The runs' ``name`` table, or (if damaged) a function raising its error when a figure needs it."""
+        only = runs[runs["method"] == "imp"] if name == "levels" else runs[runs["method"] != "imp"]
+        try:
+            value = method_tables(only, runs_dir, notes)[0 if name == "levels" else 1]
+        except ValueError as e:
+            error = e
+
+            def fail() -> pd.DataFrame:
+                raise error
+
+            return fail
+        return lambda: value
+
+    levels, updates = table("levels"), table("updates")
+    imp = (runs["method"] == "imp").any()
+    add(f"accuracy_by_method{sfx}", lambda: plotting.plot_accuracy_by_method(runs, levels() if imp else None))
+    if imp:
+        add(f"imp_levels{sfx}", lambda: plotting.plot_imp_levels(levels()))
+    if runs["method"].isin(["set", "rigl"]).any():
+        add(f"mask_changes{sfx}", lambda: plotting.plot_mask_changes(updates()))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -445,11 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     skipped: list[str] = []
+    notes: list[str] = []
     try:
-        written = draw_figures(args.sweep, args.out, args.results_root, args.curve_sparsity, skipped=skipped)
+        written = draw_figures(args.sweep, args.out, args.results_root, args.curve_sparsity, skipped=skipped, notes=notes)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for line in notes:
+        print(f"note: {line} (in memory; `run` rewrites the file)", file=sys.stderr)
     print(f"wrote {len(written)} files to {written[0].parent}")
     for path in written:
         print(f"  {path.name}")

@@ -34,9 +34,7 @@ measures a masked run.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import math
 import os
@@ -51,23 +49,13 @@ from experiments.config import RunConfig
 from experiments.data import Data
 from experiments.models import seeded_model
 from experiments.store import atomic_write
+from experiments.tables import LEVEL_COLUMNS, TableError, levels_text, read_level
 from experiments.train import Diverged, TrainResult, make_optimizer, run_outcome, steps_per_epoch, train, weight_report
 
 __all__ = ["ImpParams", "CONTROLS", "LEVEL_COLUMNS", "train_imp", "level_seed"]
 
 CONTROLS = ("reinit", "random")
 VARIANTS = ("ticket", *CONTROLS)
-LEVEL_COLUMNS = [
-    "level",
-    "variant",
-    "sparsity",
-    "remaining",
-    "test_accuracy",
-    "test_loss",
-    "train_accuracy",
-    "train_loss",
-    "status",
-]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,15 +242,6 @@ def _snapshot_at(keras: Any, step: int, owner: _Training) -> Any:
 # -- the levels on disk --------------------------------------------------------------
 
 
-def _levels_csv(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=LEVEL_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: repr(v) if isinstance(v, float) else v for k, v in r.items()})
-    return buf.getvalue()
-
-
 def _commit_level(levels: Path, level: int, files: Callable[[Path], None]) -> Path:
     """Write a level's files into a temporary folder, fsync, then rename it to ``levels/NN``."""
     final = levels / f"{level:02d}"
@@ -341,8 +320,22 @@ def _run_level(
 
 
 def _read_level(levels: Path, level: int) -> dict[str, Any]:
-    with open(levels / f"{level:02d}" / "level.json") as fh:
-        return json.load(fh)
+    return read_level(levels / f"{level:02d}" / "level.json")
+
+
+def _finished_level(levels: Path, level: int, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """Level ``level``'s record if its folder is complete; a damaged ``level.json`` (a half-written copy, a
+    disk error) is logged by name, and its folder and every later one removed, so those levels are redone."""
+    if not (levels / f"{level:02d}").is_dir():
+        return None
+    try:
+        return _read_level(levels, level)
+    except TableError as e:
+        log(f"imp level {level}: {e}; redoing level {level} and the levels after it")
+        for folder in sorted(levels.iterdir()):
+            if folder.is_dir() and folder.name.isdigit() and int(folder.name) >= level:
+                shutil.rmtree(folder)
+        return None
 
 
 def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None], params: ImpParams) -> dict[str, Any]:
@@ -389,8 +382,8 @@ def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], No
         shutil.rmtree(stale, ignore_errors=True)
     rows: list[dict[str, Any]] = []
     for level, sparsity in enumerate(path):
-        if (levels / f"{level:02d}").is_dir():
-            record = _read_level(levels, level)
+        record = _finished_level(levels, level, log)
+        if record is not None:
             if record["target_sparsity"] != sparsity:
                 raise ValueError(
                     f"{levels / f'{level:02d}'} was made for sparsity {record['target_sparsity']!r}, this run asks "
@@ -401,7 +394,7 @@ def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], No
             _run_level(run, data, log, params, levels, level, sparsity)
             record = _read_level(levels, level)
         rows.extend(record["rows"])
-        atomic_write(Path(run_dir) / "levels.csv", _levels_csv(rows))
+        atomic_write(Path(run_dir) / "levels.csv", levels_text(rows))
         t = record["ticket"]
         curves = [(int(e), str(m), float(v)) for e, m, v in t["curves"]]
         if record["rows"][0]["status"] == "diverged":

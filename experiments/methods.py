@@ -17,10 +17,10 @@ from typing import Any, Callable
 from experiments.config import RunConfig
 from experiments.data import Data
 from experiments.store import atomic_write
+from experiments.tables import MASK_UPDATE_COLUMNS
 
 __all__ = ["scheduled", "sparse_training", "train_imp", "MASK_UPDATE_COLUMNS", "DST_DISTRIBUTION"]
 
-MASK_UPDATE_COLUMNS = ["step", "key", "live", "dropped", "grown", "changed_fraction"]
 DST_DISTRIBUTION = {"layer": "uniform", "erk": "erk"}
 """The run's ``distribution`` as :func:`prune.sparse_init`'s: ``layer`` is every weight at the target."""
 

@@ -10,13 +10,19 @@ the run row, which is the commit mark. After a crash (``kill -9``),
 by rewriting the file atomically (temporary file + ``os.replace``), so a rerun
 that redoes those runs leaves no duplicates.
 
-Every file can be damaged, and :meth:`Store.open` repairs or names it:
+Every file can be damaged, and :meth:`Store.open` repairs or names it, reading
+through :mod:`experiments.tables` (types per column, text only, named errors):
 
-* ``runs.csv`` empty, without its header line, or with duplicate rows: rebuilt
-  from its own complete rows plus each run's ``result.json``.
-* ``curves.csv`` missing, duplicated, or lacking a run's points: deduplicated
-  (one value per ``run_id, epoch, metric``, the last written wins) and completed
-  from the runs' ``result.json``.
+* every ``runs.csv`` row is checked against its run's ``result.json``, which
+  wins where they differ (a damaged cell, a duplicate); a row without one must
+  pass :data:`experiments.tables.RUN_SCHEMA`, or is refused with a
+  :class:`experiments.tables.TableError` naming the file, line and column;
+* ``runs.csv`` empty or without its header line: rebuilt from its rows plus
+  each run's ``result.json``;
+* ``curves.csv``: each run's points are exactly its ``result.json``'s; points of
+  a run without one are checked, and duplicates that agree dropped;
+* an IMP run's ``levels.csv``: rebuilt from its ``levels/NN/level.json`` files
+  when it differs; a run whose levels nothing restores is redone.
 * A ``result.json`` that cannot be read as a run's record: moved aside to
   ``result.json.corrupt`` and named in a warning; its run counts as missing and
   is redone, the others are unaffected.
@@ -47,8 +53,9 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from experiments import axes
+from experiments import axes, tables
 from experiments.config import RunConfig, config_hash
+from experiments.tables import OPTIONAL_RUN_COLUMNS, TableError
 
 __all__ = [
     "RUN_COLUMNS",
@@ -146,21 +153,6 @@ AXIS_COLUMNS = ("pattern", "criterion", "distribution", "method")
 """Added with the pattern, criterion and distribution axes, then the method axis. A ``runs.csv`` written
 before them has every other column; its rows are read with the defaults those runs used (empty for dense)."""
 AXIS_DEFAULTS = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer", "method": "gmp"}
-NATIVE_COLUMNS = ("native_kernel", "native_flags")
-"""Added when runs began to record their kernels; older rows read them as empty (unknown)."""
-_LATER_COLUMNS = frozenset(AXIS_COLUMNS + NATIVE_COLUMNS)
-
-
-def _legacy_missing(header: list[str]) -> list[str] | None:
-    """The later-added columns an older runner's ``header`` lacks, or ``None`` if it is not such a header.
-
-    An older header is :data:`RUN_COLUMNS` in order with some of the columns
-    added since (the pruning axes, then the method axis, then the kernel columns) left out.
-    """
-    missing = [c for c in RUN_COLUMNS if c not in header]
-    if not missing or header != [c for c in RUN_COLUMNS if c in header] or not set(missing) <= _LATER_COLUMNS:
-        return None
-    return missing
 CURVE_COLUMNS = ["run_id", "epoch", "metric", "value"]
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 """``OSError`` numbers that mean the results cannot be written (not a fault of the run)."""
@@ -254,41 +246,34 @@ def _row_cells(row: dict[str, Any]) -> dict[str, str]:
     return cells
 
 
-def _read_rows(path: Path, columns: list[str]) -> tuple[list[dict[str, str]], bool]:
-    """Complete rows of a CSV we wrote, and whether anything had to be dropped or repaired.
+def _older_runner(header: list[str]) -> bool:
+    """A header this runner wrote before some columns existed: the axes, or the optional string columns."""
+    known = set(RUN_COLUMNS) | set(OPTIONAL_RUN_COLUMNS)
+    optional = set(AXIS_COLUMNS) | set(OPTIONAL_RUN_COLUMNS)
+    return len(set(header)) == len(header) and set(header) <= known and all(c in header or c in optional for c in RUN_COLUMNS)
 
-    An empty file, or one whose header line is missing (its first line is a
-    row), counts as damaged (``True``): its complete rows are kept. A file with
-    another header raises :class:`ValueError`.
+
+def _hand_made(header: list[str]) -> bool:
+    """A table ``figures`` can read although this runner did not write it: it has :data:`tables.FIGURE_RUN_COLUMNS`."""
+    return len(set(header)) == len(header) and set(tables.FIGURE_RUN_COLUMNS) <= set(header)
+
+
+def _parse(path: Path, columns: list[str], accept: Any = None) -> tuple[list[str], list[tuple[int, dict]], list, bool]:
+    """``(header, rows, torn, damaged)`` of a table (see :func:`tables.split_rows`); a missing file has no rows.
+
+    ``damaged``: empty (0 bytes), header line lost, or a torn last line.
     """
-    if not path.exists():
-        return [], False
-    text = path.read_text(errors="replace")
-    dropped = False
-    if text and not text.endswith("\n"):  # torn last write
-        text = text[: text.rfind("\n") + 1]
-        dropped = True
+    text = tables.read_text(path)
     if not text:
-        return [], True
-    first = next(csv.reader(io.StringIO(text[: text.find("\n") + 1])), [])
-    if first == columns:
-        rows = list(csv.DictReader(io.StringIO(text)))
-    elif columns == RUN_COLUMNS and _legacy_missing(first):  # an older runner's: add the defaults it ran with
-        rows = list(csv.DictReader(io.StringIO(text)))
-        for r in rows:
-            dense = r.get("implementation") == "dense"
-            r.update({c: "" if dense or c in NATIVE_COLUMNS else AXIS_DEFAULTS[c] for c in _legacy_missing(first)})
-        dropped = True  # rewritten with the new header when the runner opens the folder
-    elif len(first) == len(columns) and first[0] != columns[0]:  # header lost: rows only
-        rows = list(csv.DictReader(io.StringIO(text), fieldnames=columns))
-        dropped = True
-    else:
-        raise ValueError(
-            f"{path} has columns {first[:6]}{'...' if len(first) > 6 else ''}, expected {columns[:6]}...: "
-            "it was not written by this runner (or by another version of it); move it away"
-        )
-    good = [r for r in rows if None not in r and all(r.get(c) is not None for c in columns)]
-    return good, dropped or len(good) != len(rows)
+        return columns, [], [], text == ""
+    header, rows, torn = tables.split_rows(path, text, columns, accept)
+    return header, rows, torn, bool(torn) or (bool(rows) and rows[0][0] == 1)
+
+
+def _read_rows(path: Path, columns: list[str]) -> list[dict[str, str]]:
+    """The complete rows of a table the runner already reconciled (for :meth:`Store.remove`)."""
+    _, rows, _, _ = _parse(path, columns)
+    return [r for _, r in rows if tables.row_problem(r, {}) is None]
 
 
 def read_result(path: Path) -> dict[str, Any] | None:
@@ -450,14 +435,33 @@ class Store:
 
     Args:
         root: ``results/<sweep>``.
+        hand_made: Read (never write) a ``runs.csv`` that this runner did not
+            write, as long as it has :data:`experiments.tables.FIGURE_RUN_COLUMNS`
+            (``figures`` reads such tables); its cells are checked all the same.
+
+    Attributes (after :meth:`read` or :meth:`open`):
+        rows: Rows by run_id, as runs.csv cells.
+        header: runs.csv's columns (:data:`RUN_COLUMNS`, or a hand-made table's).
+        curves: curves.csv's rows of those runs.
+        warnings: Unreadable ``result.json`` files (moved aside by :meth:`open`).
+        repairs: One line per cell, row or point restored from a ``result.json``
+            (or dropped as a duplicate).
+        lost: One line per row or point that was damaged and that no
+            ``result.json`` restores (a torn last line): ``run`` redoes those
+            runs, ``figures`` refuses.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, hand_made: bool = False) -> None:
         self.root = Path(root)
         self.runs_path = self.root / "runs.csv"
         self.curves_path = self.root / "curves.csv"
+        self.hand_made = hand_made
         self.rows: dict[str, dict[str, str]] = {}
+        self.header: list[str] = RUN_COLUMNS
+        self.curves: list[dict[str, str]] = []
         self.warnings: list[str] = []
+        self.repairs: list[str] = []
+        self.lost: list[str] = []
         self.corrupt: list[Path] = []
         self._records: dict[str, dict[str, Any]] = {}
 
@@ -480,31 +484,118 @@ class Store:
         return records
 
     def _reconcile(self) -> tuple[dict[str, dict[str, str]], bool]:
-        rows, dirty = _read_rows(self.runs_path, RUN_COLUMNS)
-        unique: dict[str, dict[str, str]] = {}
-        for r in rows:
-            if r["run_id"] in unique:
-                dirty = True
-            unique[r["run_id"]] = r
+        """runs.csv's rows, each checked against its run's ``result.json`` (which wins) or, without one, against
+        :data:`experiments.tables.RUN_SCHEMA`; and whether the file must be rewritten."""
+        path = self.runs_path
+        header, rows, torn, dirty = _parse(path, RUN_COLUMNS, _hand_made if self.hand_made else _older_runner)
+        self.header = header
+        dirty |= header != RUN_COLUMNS
         self._records = self._results()
+        unique: dict[str, dict[str, str]] = {}
+        lines: dict[str, int] = {}
+        for line, r in rows:
+            run_id = r.get("run_id") or ""
+            record = self._records.get(run_id)
+            if record is not None:  # the run's own record is the truth: restore every cell that differs
+                cells = _row_cells(record["row"])
+                diff = [c for c in header if c in cells and r.get(c) != cells[c]]
+                if diff or None in r:
+                    shown = ", ".join(f"{c}={r.get(c)!r}" for c in diff[:3]) or "extra cells"
+                    self.repairs.append(f"{path}: line {line} (run {run_id}): {shown} restored from its result.json")
+                dirty |= bool(diff) or None in r or run_id in unique
+                unique[run_id] = cells
+                continue
+            if not self.hand_made:
+                for c in (*AXIS_COLUMNS, *OPTIONAL_RUN_COLUMNS):  # an older runner's table: the defaults it ran with
+                    if c not in header:
+                        r[c] = "" if c in OPTIONAL_RUN_COLUMNS or r.get("implementation") == "dense" else AXIS_DEFAULTS[c]
+            problem = tables.row_problem(r, tables.RUN_SCHEMA)
+            if problem:
+                raise TableError(
+                    f"{path}: line {line} (run {run_id!r}): {problem}; no {self.root / 'runs' / (run_id or '?') / 'result.json'} "
+                    "to restore it from: fix or delete that line"
+                )
+            if run_id in unique:
+                if unique[run_id] != r:
+                    diff = [c for c in header if unique[run_id].get(c) != r.get(c)]
+                    raise TableError(
+                        f"{path}: lines {lines[run_id]} and {line} both hold run {run_id!r}, with different {diff[:4]}, and "
+                        "no result.json says which is right: delete one of them"
+                    )
+                self.repairs.append(f"{path}: line {line} repeats line {lines[run_id]} (run {run_id}); dropped")
+                dirty = True
+                continue
+            unique[run_id], lines[run_id] = r, line
+        for line, cut in torn:
+            run_id = cut.split(",", 1)[0]
+            if run_id not in self._records:
+                self.lost.append(f"{path}: line {line} is cut short ({cut[:40]!r}...) and no result.json restores it")
         for run_id, record in self._records.items():
             if run_id not in unique:  # finished, but the runner died (or runs.csv was lost) before its row
                 unique[run_id] = _row_cells(record["row"])
                 dirty = True
         return unique, dirty
 
+    def _reconcile_curves(self, rows: dict[str, dict[str, str]]) -> tuple[list[dict[str, str]], bool]:
+        """curves.csv's points of ``rows``' runs: a run with a ``result.json`` gets exactly its curves; points
+        of other runs are checked against :data:`experiments.tables.CURVE_SCHEMA`, duplicates dropped."""
+        path = self.curves_path
+        _, curves, torn, dirty = _parse(path, CURVE_COLUMNS)
+        by_run: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
+        lines: dict[tuple[str, str, str], int] = {}
+        for line, c in curves:
+            run_id = c.get("run_id") or ""
+            if run_id not in rows:
+                dirty = True  # orphan curves of a run without a row
+                continue
+            points = by_run.setdefault(run_id, {})
+            key = (str(c.get("epoch")), str(c.get("metric")))
+            if run_id not in self._records:
+                problem = tables.row_problem(c, tables.CURVE_SCHEMA)
+                if problem:
+                    raise TableError(f"{path}: line {line} (run {run_id!r}): {problem}; no result.json to restore it from")
+                if key in points and points[key] != c:
+                    raise TableError(
+                        f"{path}: lines {lines[(run_id, *key)]} and {line} give run {run_id!r} two values of {key[1]} "
+                        f"at epoch {key[0]}, and no result.json says which is right: delete one of them"
+                    )
+            dirty |= key in points
+            points[key] = c
+            lines.setdefault((run_id, *key), line)
+        for line, cut in torn:
+            run_id = cut.split(",", 1)[0]
+            if run_id in rows and run_id not in self._records:
+                self.lost.append(f"{path}: line {line} is cut short ({cut[:40]!r}...) and no result.json restores it")
+        out: list[dict[str, str]] = []
+        for run_id in rows:
+            have = by_run.get(run_id, {})
+            record = self._records.get(run_id)
+            if record is not None:
+                want = {
+                    (str(c.get("epoch")), str(c.get("metric"))): {k: str(_cell(c.get(k, ""))) for k in CURVE_COLUMNS}
+                    for c in record["curves"]
+                }
+                if have != want:
+                    if have:
+                        self.repairs.append(f"{path}: the points of run {run_id} restored from its result.json")
+                    dirty, have = True, want
+            out.extend(have.values())
+        return out, dirty
+
     def corrupt_ids(self) -> list[str]:
         """Run ids whose ``result.json`` could not be read."""
         return [p.parent.name for p in self.corrupt]
 
     def read(self) -> dict[str, dict[str, str]]:
-        """Rows by run_id, as :meth:`open` would repair them, without writing anything (for ``status``).
+        """Rows by run_id (and :attr:`curves`), as :meth:`open` would repair them, writing nothing (``status``, ``figures``).
 
         Raises:
-            ValueError: ``runs.csv`` was not written by this runner.
+            TableError: a table that is not ours, not text, or damaged where no ``result.json`` restores it;
+                the message names the file, the line and the column.
         """
-        self.warnings = []
+        self.warnings, self.repairs, self.lost = [], [], []
         self.rows, _ = self._reconcile()
+        self.curves, _ = self._reconcile_curves(self.rows)
         return self.rows
 
     def open(self) -> None:
@@ -514,35 +605,49 @@ class Store:
             ValueError: ``runs.csv`` or ``curves.csv`` was not written by this runner.
             OSError: a file cannot be read or written.
         """
+        if self.hand_made:
+            raise ValueError("a Store reading a hand-made table writes nothing; use read()")
         self.root.mkdir(parents=True, exist_ok=True)
-        self.warnings = []
+        self.warnings, self.repairs, self.lost = [], [], []
         unique, dirty = self._reconcile()
         for path in self.corrupt:
             aside = path.with_name("result.json.corrupt")
             os.replace(path, aside)
             fate = "its row in runs.csv is kept" if path.parent.name in unique else "its run will be redone"
             self.warnings.append(f"moved {str(path)!r} aside to {aside.name!r}; {fate}")
+        for run_id in self._check_levels(unique):
+            del unique[run_id]
+            dirty = True
         if dirty or not self.runs_path.exists():
             atomic_write(self.runs_path, _csv_text(unique.values(), RUN_COLUMNS, header=True))
-        curves, cdirty = _read_rows(self.curves_path, CURVE_COLUMNS)
-        points: dict[tuple[str, str, str], dict[str, str]] = {}
-        for c in curves:
-            if c["run_id"] in unique:
-                key = (c["run_id"], c["epoch"], c["metric"])
-                cdirty |= key in points
-                points[key] = c
-            else:
-                cdirty = True  # orphan curves of a run without a row
-        have = {k[0] for k in points}
-        for run_id in unique:
-            record = self._records.get(run_id)
-            if run_id not in have and record and record["curves"]:
-                for c in record["curves"]:
-                    points[(run_id, str(c.get("epoch")), str(c.get("metric")))] = c
-                cdirty = True
+        curves, cdirty = self._reconcile_curves(unique)
         if cdirty or not self.curves_path.exists():
-            atomic_write(self.curves_path, _csv_text(points.values(), CURVE_COLUMNS, header=True))
-        self.rows = unique
+            atomic_write(self.curves_path, _csv_text(curves, CURVE_COLUMNS, header=True))
+        self.rows, self.curves, self.header = unique, curves, RUN_COLUMNS
+
+    def _check_levels(self, rows: dict[str, dict[str, str]]) -> list[str]:
+        """Check every IMP run's ``levels.csv`` against its level folders and rewrite it where they restore it
+        (:func:`experiments.tables.read_levels`). Returns the runs that nothing restores: their
+        ``result.json`` is moved aside to ``result.json.redo``, so the run is redone, and
+        :func:`experiments.imp.train_imp` redoes the level whose ``level.json`` is damaged, and those after it."""
+        redo = []
+        for run_id, row in rows.items():
+            run_dir = self.root / "runs" / run_id
+            if row.get("method") != "imp" or not ((run_dir / "levels.csv").exists() or (run_dir / "levels").is_dir()):
+                continue
+            try:
+                text, notes, rebuilt = tables.read_levels(run_dir)
+            except TableError as e:
+                result = run_dir / "result.json"
+                if result.exists():
+                    os.replace(result, result.with_name("result.json.redo"))
+                self.warnings.append(f"{e}; run {run_id} will be redone from its first damaged level")
+                redo.append(run_id)
+                continue
+            self.repairs.extend(notes)
+            if rebuilt:
+                atomic_write(run_dir / "levels.csv", text)
+        return redo
 
     def _append(self, path: Path, text: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -572,7 +677,7 @@ class Store:
         drop = set(run_ids)
         self.rows = {k: v for k, v in self.rows.items() if k not in drop}
         atomic_write(self.runs_path, _csv_text(self.rows.values(), RUN_COLUMNS, header=True))
-        curves, _ = _read_rows(self.curves_path, CURVE_COLUMNS)
+        curves = _read_rows(self.curves_path, CURVE_COLUMNS)
         atomic_write(self.curves_path, _csv_text([c for c in curves if c["run_id"] not in drop], CURVE_COLUMNS, True))
 
     def frame(self) -> pd.DataFrame:

@@ -36,7 +36,8 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     Returns:
         One row per (dataset, model, schedule, implementation, method, pattern,
         criterion, distribution, target_sparsity) with
-        ``<metric>_mean``, ``<metric>_std`` for each metric, ``seeds`` (ok runs) and ``diverged``.
+        ``<metric>_mean``, ``<metric>_std`` for each metric, ``seeds`` (the ok
+        runs whose accuracy is averaged) and ``diverged``.
     """
     runs = runs.copy()
     for metric in _METRICS:  # a diverged row may lack measurements; keep the columns numeric
@@ -55,7 +56,8 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     agg = ok.groupby(keys)[list(_METRICS)].agg(["mean", "std"])
     agg.columns = [f"{m}_{s}" for m, s in agg.columns]
     agg = agg.reindex(cells.index)
-    agg["seeds"] = ok.groupby(keys)["seed"].nunique().reindex(cells.index).fillna(0).astype(int)
+    # the rows whose accuracy was averaged (not the distinct seed values: a row without an accuracy is not averaged)
+    agg["seeds"] = ok.groupby(keys)["test_accuracy"].count().reindex(cells.index).fillna(0).astype(int)
     agg["diverged"] = (done["status"] == "diverged").groupby([done[k] for k in keys]).sum().reindex(cells.index).astype(int)
     return agg.reset_index()
 

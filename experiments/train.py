@@ -19,6 +19,10 @@ implementations by construction.
   ``fit`` raises while a weight holds NaN or inf, training stops and
   :class:`Diverged` is raised with the curves so far; the run is recorded with
   status ``diverged`` (a result, kept out of means and standard deviations).
+  So is a run whose loss stays finite but explodes: its final training loss
+  (the last epoch's mean) more than :data:`DIVERGENCE_FACTOR` times the loss
+  of its first batch (before any update, ``ln(classes)`` for a fresh
+  classifier), checked after the last epoch.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from experiments.config import RunConfig, TrainingConfig
 
 __all__ = [
     "Diverged",
+    "DIVERGENCE_FACTOR",
     "WARMUP_STEPS",
     "TrainResult",
     "make_optimizer",
@@ -51,6 +56,8 @@ __all__ = [
 ]
 
 WARMUP_STEPS = 5
+DIVERGENCE_FACTOR = 10.0
+"""A final training loss above this multiple of the first batch's loss is a diverged run (e.g. 8e23 at lr 1e12)."""
 LATENCY_REPEATS = {1: 50, 256: 10}
 # Same columns as prune.sparsity_report, so per-run reports of every implementation line up.
 REPORT_COLUMNS = [
@@ -146,6 +153,17 @@ def _timer(keras: Any, sink: list[float], skip: list[int]) -> Any:
     return StepTimer()
 
 
+def _first_loss(keras: Any, sink: list[float]) -> Any:
+    class FirstLoss(keras.callbacks.Callback):
+        """Records the loss of the run's first batch (the epoch's running mean after one batch is that batch's)."""
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if not sink and logs and "loss" in logs:
+                sink.append(float(logs["loss"]))
+
+    return FirstLoss()
+
+
 def train(
     model: Any,
     data: Any,
@@ -170,6 +188,8 @@ def train(
     step_times: list[float] = []
     skip = [WARMUP_STEPS]
     timer = _timer(keras, step_times, skip)
+    first: list[float] = []
+    first_loss = _first_loss(keras, first)
     curves: list[tuple[int, str, float]] = []
     fit_s = eval_s = 0.0
     final: dict[str, float] = {}
@@ -179,7 +199,7 @@ def train(
         t0 = time.perf_counter()
         try:
             hist = model.fit(
-                x, y, batch_size=cfg.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[*callbacks, timer]
+                x, y, batch_size=cfg.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[*callbacks, timer, first_loss]
             )
         except Exception as e:  # a diverged model can make a later step fail (e.g. pruning NaN weights)
             bad = _nonfinite_weight(model)
@@ -205,6 +225,13 @@ def train(
             reason = f"{' and '.join(bad_losses)} {final[bad_losses[0]]} in epoch {epoch + 1}"
             log("DIVERGED " + reason)
             raise Diverged(reason, curves, final, epoch + 1)
+    if first and first[0] > 0 and final and final["train_loss"] > DIVERGENCE_FACTOR * first[0]:
+        reason = (
+            f"final train_loss {final['train_loss']:.4g} is more than {DIVERGENCE_FACTOR:g} x the first batch's "
+            f"loss {first[0]:.4g}"
+        )
+        log("DIVERGED " + reason)
+        raise Diverged(reason, curves, final, cfg.epochs)
     return TrainResult(curves, step_times, fit_s, eval_s, final, model)
 
 

@@ -4,7 +4,7 @@ Keras 3 offers no public way to do a few things prune needs: find which slot
 variables of an optimizer shadow a model variable, give a variable a new
 first dimension (a ``SparseDense`` layer shrinking its values), swap a layer
 tracked by a subclassed model, and update Adam's moments row by row
-(``LazyAdam``). Each such access is one function here, and
+(``LazyAdam``); nor TensorFlow one to tell that a graph is traced for XLA. Each such access is one function here, and
 ``tests/test_internals.py`` has one canary test per function that fails with
 :class:`KerasInternalsChanged` (naming the attribute and the Keras version)
 when Keras renames or removes it. ``setup.cfg`` pins the Keras line these
@@ -33,6 +33,7 @@ __all__ = [
     "set_variable_shape",
     "layer_tracker",
     "has_sublayers",
+    "in_xla_context",
 ]
 
 TESTED_KERAS = "3.15"
@@ -125,3 +126,19 @@ def layer_tracker(layer: Any) -> Any | None:
 def has_sublayers(layer: Any) -> bool:
     """Whether a (non-Model) layer tracks sublayers of its own."""
     return bool(getattr(layer, "_layers", None))
+
+
+def in_xla_context() -> bool:
+    """Whether the graph being traced will be compiled by XLA (``tf.function(jit_compile=True)``, which is how
+    Keras's ``compile(jit_compile=True)`` builds its steps). TensorFlow's only test for it is private."""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:
+        raise KerasInternalsChanged(
+            f"tensorflow.python.ops.control_flow_util is missing in TensorFlow {tf.__version__} (XLA context test)"
+        ) from None
+    if tf.executing_eagerly():
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))

@@ -16,6 +16,7 @@ replaced in place on the same model object, built and with weights copied.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, Callable
 
 import keras
@@ -354,6 +355,9 @@ def prune_low_magnitude(
         bad = [type(x).__name__ for x in to_prune if not isinstance(x, keras.layers.Layer)]
         if bad:
             raise ValueError(f"to_prune must be a list of Keras 3 layers, got items of type {bad}")
+    if pruning_schedule is not None:
+        _warn_kept_schedules(to_prune, schedule)
+    if isinstance(to_prune, (list, tuple)):
         out = []
         for layer in to_prune:
             if is_masked_layer(layer):
@@ -381,6 +385,32 @@ def prune_low_magnitude(
         return _to_masked(layer, params)
 
     return _convert(to_prune, fn)
+
+
+def _warn_kept_schedules(to_prune: Any, schedule: Any) -> None:
+    """Warn that layers already pruned with another schedule keep theirs (tfmot keeps them silently).
+
+    Not an error: tfmot's ``prune_low_magnitude`` passes already wrapped layers
+    through, and wrapping some layers first with their own schedule, then the
+    whole model, is how a tfmot model gives layers different schedules.
+    """
+    if isinstance(to_prune, keras.layers.Layer) and not isinstance(to_prune, keras.Model):
+        return  # one layer: an already pruned one is refused by _prune_one
+    items = to_prune if isinstance(to_prune, (list, tuple)) else [to_prune]
+    kept = [
+        f"{layer.name!r} ({layer.pruning_schedule!r})"
+        for item in items
+        if isinstance(item, keras.layers.Layer)
+        for layer in prunable_layers(item)
+        if layer.pruning_schedule != schedule
+    ]
+    if kept:
+        warnings.warn(
+            f"pruning_schedule={schedule!r} is not applied to layers already pruned, which keep their own schedule: "
+            f"{', '.join(kept)}. To re-prune them with it, prune.strip_pruning the model first",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def strip_pruning(model: Any) -> Any:

@@ -137,6 +137,26 @@ _GRAD_COST = {
 }
 
 
+XLA_MATMULS = ("auto", "dense")
+"""Kernels a graph compiled by XLA can run: there ``"auto"`` runs ``"dense"`` (COO and CSR take variant or
+int64 sparse ops XLA has no kernel for, and the native ops have no XLA kernel)."""
+
+
+def check_xla(matmul: str, where: str) -> None:
+    """Refuse a kernel XLA cannot compile, when the graph being traced is for XLA.
+
+    Raises:
+        ValueError: naming ``where`` (the layer) and the kernel, and the way out.
+    """
+    from prune._internals import in_xla_context
+
+    if matmul not in XLA_MATMULS and in_xla_context():
+        raise ValueError(
+            f"{where} uses matmul={matmul!r}, which XLA cannot compile (jit_compile=True): use matmul='dense' "
+            f"(or 'auto', which runs 'dense' under XLA), or compile with jit_compile=False"
+        )
+
+
 def check_matmul(matmul: Any) -> str:
     """Validate a ``matmul`` argument.
 
@@ -478,6 +498,11 @@ def sparse_matmul(
     check_matmul(matmul)
     if values_grad not in ("auto", "dense", "sampled"):
         raise ValueError(f"values_grad must be one of ['auto', 'dense', 'sampled'], got {values_grad!r}")
+    check_xla(matmul, "sparse_matmul")
+    from prune._internals import in_xla_context
+
+    if in_xla_context():  # shapes are static there: scatter to dense, no switch over kernels or over nnz
+        return _xla_dense_matmul(tf.convert_to_tensor(x), values, indices, (int(dense_shape[0]), int(dense_shape[1])))
     n_in, n_out = int(dense_shape[0]), int(dense_shape[1])
     x = tf.convert_to_tensor(x)
     values = tf.convert_to_tensor(values, dtype=x.dtype)
@@ -536,3 +561,17 @@ def sparse_matmul(
         return y, grad
 
     return _op(x, values)
+
+
+def _xla_dense_matmul(x: tf.Tensor, values: Any, indices: Any, dense_shape: tuple[int, int]) -> tf.Tensor:
+    """``x @ W`` with W scattered to dense, differentiable in ``x`` and ``values``, for graphs compiled by XLA.
+
+    XLA compiles every branch of a ``tf.cond``/``tf.switch_case`` with static
+    shapes, so the dense kernel's "every entry stored" branch (a reshape of
+    ``values``) cannot sit beside the scatter when entries are missing; the
+    scatter alone is right either way. The gradients are automatic: the
+    values gradient is ``x^T dy`` gathered at the indices.
+    """
+    values = tf.convert_to_tensor(values, dtype=x.dtype)
+    w = tf.scatter_nd(tf.cast(indices, tf.int64), values, dense_shape)
+    return tf.matmul(x, w)

@@ -188,6 +188,20 @@ def test_bad_targets():
         prune.prune_low_magnitude(pm.layers[0])
 
 
+def test_repruning_with_another_schedule_warns_naming_the_layers_that_keep_theirs():
+    """tfmot passes already pruned layers through silently; 0.8 asked over 0.5 kept must be said."""
+    import warnings
+
+    pm = prune.prune_low_magnitude(mlp(), prune.ConstantSparsity(0.5, 0))
+    with pytest.warns(UserWarning, match=r"not applied to layers already pruned.*'fc1' \(ConstantSparsity\(target_sparsity=0.5"):
+        again = prune.prune_low_magnitude(pm, prune.ConstantSparsity(0.8, 0))
+    assert [layer.pruning_schedule.target_sparsity for layer in prune.prunable_layers(again)] == [0.5, 0.5]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same schedule, or none given, is not a change
+        prune.prune_low_magnitude(pm, prune.ConstantSparsity(0.5, 0))
+        prune.prune_low_magnitude(pm)
+
+
 def test_set_mask_validates_before_changing_anything():
     pm = prune.prune_low_magnitude(mlp(), prune.OneShot(0.5, 0))
     layer = pm.layers[0]

@@ -108,3 +108,16 @@ def test_a_missing_attribute_names_itself_and_the_keras_version():
         internals.optimizer_variables(object())
     with pytest.raises(internals.KerasInternalsChanged, match=r"_value"):
         internals.backing_variable(object())
+
+
+def test_in_xla_context_is_true_only_while_tracing_for_xla():
+    seen = []
+
+    def probe(x):
+        seen.append(internals.in_xla_context())
+        return x + 1
+
+    tf.function(probe, jit_compile=True)(tf.constant(1.0))
+    tf.function(probe)(tf.constant(1.0))
+    probe(tf.constant(1.0))
+    assert seen == [True, False, False]

@@ -158,5 +158,10 @@ def test_04_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
     assert rigl.sum() == 3
     runs.loc[rigl, "test_accuracy"] = "0.40"
     runs.to_csv(table, index=False)
+    for run_id in runs.loc[rigl, "run_id"]:  # the run's own record too: the reader restores runs.csv from it
+        record_path = root / "methods" / "runs" / run_id / "result.json"
+        record = json.loads(record_path.read_text())
+        record["row"]["test_accuracy"] = 0.40
+        record_path.write_text(json.dumps(record))
     with pytest.raises(CellExecutionError, match="AssertionError"):
         run_notebook(NB04, results_root=root)

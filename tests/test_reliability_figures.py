@@ -40,7 +40,9 @@ def test_table_without_dataset_and_model_is_one_unknown_pair(tmp_path):
 def test_all_nan_accuracy_is_a_one_line_error_writing_nothing(tmp_path, capsys):
     root = _edit(tmp_path, lambda runs: runs.assign(test_accuracy=np.nan))
     assert main(["synthetic", "--results-root", str(root)]) == 2
-    assert "has no run with status 'ok' and a test_accuracy" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{root / 'synthetic' / 'runs.csv'}: line 2 (run 'dense-0001'): column 'test_accuracy' holds ''" in err
+    assert "status 'ok' needs a number" in err and len(err.strip().splitlines()) == 1
     assert not (root / "synthetic" / "figures").exists()
 
 

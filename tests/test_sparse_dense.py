@@ -91,6 +91,8 @@ def test_random_structure_has_exact_sparsity():
         (lambda: SparseDense(4, matmul="cusparse"), r"matmul must be one of .* got 'cusparse'"),
         (lambda: SparseDense.from_dense(np.ones((2, 2)), np.ones((2, 3))), r"mask must have shape \(2, 2\)"),
         (lambda: SparseDense.from_dense(np.ones((2, 2)), [[0, 2], [1, 1]]), r"mask"),
+        (lambda: SparseDense.from_dense(np.array([[1.0, np.nan], [2.0, 3.0]]), np.ones((2, 2))),
+         r"weights holds 1 NaN or infinite entries \(the first at \(0, 1\)"),
         (lambda: SparseDense(4, scope="global", pattern=prune.NByM(2, 4)), r"needs scope='layer', got scope='global'"),
         (lambda: SparseDense(0), r"units must be a positive integer, got 0"),
     ],
@@ -289,3 +291,36 @@ def test_checkpoint_restores_a_longer_structure_after_compaction(tmp_path):
     assert layer.nnz == nnz and tuple(layer.values.shape) == (nnz,)
     np.testing.assert_array_equal(layer.get_mask(), mask)
     np.testing.assert_allclose(layer(x).numpy(), before, rtol=1e-6)
+
+
+@pytest.fixture
+def no_op_determinism():
+    """Keras never compiles with XLA while op determinism is on, which the runner's tests leave on in this process."""
+    from tensorflow.python.framework import config as tf_config
+
+    was = tf_config.is_op_determinism_enabled()
+    tf_config.disable_op_determinism()
+    yield
+    if was:
+        tf_config.enable_op_determinism()
+
+
+def test_jit_compile_runs_the_dense_kernel_under_xla_and_names_a_kernel_xla_cannot_compile(no_op_determinism):
+    """Keras turned XLA off for any SparseDense model, with a warning naming no layer; now XLA runs it."""
+    w, mask = _weights(6, 4, 0.5)
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((16, 6)).astype("float32"), rng.standard_normal((16, 4)).astype("float32")
+
+    def fit(matmul: str, jit: bool) -> tuple[keras.Model, SparseDense]:
+        layer = SparseDense.from_dense(w, mask, matmul=matmul, name="sd")
+        model = keras.Sequential([keras.Input((6,)), layer])
+        model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=jit)
+        model.fit(x, y, epochs=2, batch_size=4, shuffle=False, verbose=0)
+        return model, layer
+
+    plain, under_xla = fit("dense", False)[1], fit("dense", True)
+    assert under_xla[0].jit_compile is True
+    np.testing.assert_allclose(under_xla[1].values.numpy(), plain.values.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fit("auto", True)[1].values.numpy(), plain.values.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"SparseDense layer 'sd' uses matmul='csr', which XLA cannot compile .* use matmul='dense'"):
+        fit("csr", True)

@@ -183,7 +183,9 @@ class SparseDense(keras.layers.Layer):
         self.pattern = pattern
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self.input_spec = keras.layers.InputSpec(min_ndim=2)
-        self.supports_jit = False  # CSR ops take variant tensors, native ops have no XLA kernel, nnz is dynamic
+        # Keras turns XLA off for a model with a layer that says False, with a warning naming none; True lets
+        # call() say which layer and kernel XLA cannot compile, at trace time (kernels.check_xla)
+        self.supports_jit = True
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -239,11 +241,18 @@ class SparseDense(keras.layers.Layer):
             **layer_kwargs: Other constructor arguments.
 
         Raises:
-            ValueError: ``weights`` not 2-D, ``mask`` of another shape or not binary.
+            ValueError: ``weights`` not 2-D or holding NaN or inf (the pruning engine refuses
+                those too), ``mask`` of another shape or not binary; before anything is built.
         """
         w = np.asarray(weights)
         if w.ndim != 2:
             raise ValueError(f"weights must be a 2-D [n_in, n_out] matrix, got shape {w.shape}")
+        if w.dtype.kind in "fc" and not np.all(np.isfinite(w)):
+            bad = np.argwhere(~np.isfinite(w))
+            raise ValueError(
+                f"weights holds {len(bad)} NaN or infinite entries (the first at {tuple(int(i) for i in bad[0])}: "
+                f"{w[tuple(bad[0])]!r}); a sparse layer cannot be built from them"
+            )
         keep = _masks.validate_mask(mask, w.shape, name="mask")
         idx = np.argwhere(keep)
         return cls.from_sparse(idx, w[keep], w.shape, matmul=matmul, bias=bias, **layer_kwargs)
@@ -310,6 +319,7 @@ class SparseDense(keras.layers.Layer):
         if isinstance(training, bool) and training:
             require_driver(self)  # a schedule with nothing driving it: raise, at trace time (prune/driving.py)
             self.pruning_step.assign_add(1)  # the saved step counter, advanced inside the compiled step
+        kernels.check_xla(self.matmul, f"SparseDense layer {self.name!r}")
         x = tf.convert_to_tensor(inputs)
         if x.dtype != self.values.dtype:
             x = tf.cast(x, self.values.dtype)
