@@ -33,6 +33,7 @@ __all__ = [
     "set_variable_shape",
     "layer_tracker",
     "has_sublayers",
+    "input_shape_arg",
 ]
 
 TESTED_KERAS = "3.15"
@@ -125,3 +126,8 @@ def layer_tracker(layer: Any) -> Any | None:
 def has_sublayers(layer: Any) -> bool:
     """Whether a (non-Model) layer tracks sublayers of its own."""
     return bool(getattr(layer, "_layers", None))
+
+
+def input_shape_arg(layer: Any) -> Any:
+    """The ``input_shape`` a layer was constructed with (Keras 3 keeps it out of ``get_config``), or ``None``."""
+    return getattr(layer, "_input_shape_arg", None)
