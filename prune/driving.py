@@ -26,11 +26,12 @@ callback is most likely.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-__all__ = ["attach", "detach", "require_driver", "guard_compiled_step"]
+__all__ = ["attach", "detach", "is_driven", "require_driver", "guard_compiled_step", "listen", "unlisten", "notify"]
 
 _ATTR = "_prune_driven"
+_LISTENERS = "_prune_update_listeners"
 
 
 def attach(layers: Iterable[Any]) -> None:
@@ -45,13 +46,45 @@ def detach(layers: Iterable[Any]) -> None:
         object.__setattr__(layer, _ATTR, False)
 
 
+def is_driven(layer: Any) -> bool:
+    """Whether a pruning callback drives ``layer`` now (:func:`attach`)."""
+    return bool(getattr(layer, _ATTR, False))
+
+
+def listen(model: Any, fn: Callable[[int], None]) -> None:
+    """Call ``fn(step)`` each time the driver of ``model``'s layers has run a step's mask update.
+
+    :class:`prune.PruningSummaries` listens, so that it logs the masks after
+    the update, whichever order the callbacks were given in.
+    """
+    listeners = getattr(model, _LISTENERS, None)
+    if listeners is None:
+        listeners = []
+        object.__setattr__(model, _LISTENERS, listeners)  # a plain list, not tracked by Keras
+    if fn not in listeners:
+        listeners.append(fn)
+
+
+def unlisten(model: Any, fn: Callable[[int], None]) -> None:
+    """Stop calling ``fn`` (see :func:`listen`)."""
+    listeners = getattr(model, _LISTENERS, None) or []
+    if fn in listeners:
+        listeners.remove(fn)
+
+
+def notify(model: Any, step: int) -> None:
+    """Tell the listeners of ``model`` that the mask update before training step ``step`` has run."""
+    for fn in list(getattr(model, _LISTENERS, None) or []):
+        fn(step)
+
+
 def require_driver(layer: Any) -> None:
     """Raise if ``layer`` has a schedule and no callback drives it.
 
     Raises:
         ValueError: naming the layer and the callback to add.
     """
-    if getattr(layer, "pruning_schedule", None) is not None and not getattr(layer, _ATTR, False):
+    if getattr(layer, "pruning_schedule", None) is not None and not is_driven(layer):
         raise ValueError(
             f"layer {layer.name!r} is pruned with a schedule but is being trained without prune.UpdatePruningStep, "
             "so its masks would never be updated: pass callbacks=[prune.UpdatePruningStep()] to fit, or in a custom "

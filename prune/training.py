@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from prune.scoring import get_criterion
 from prune.pruning import compute_gradients, prunable_entries, prunable_layers, stepped_layers, update_masks
-from prune.driving import attach, detach, guard_compiled_step
+from prune.driving import attach, detach, guard_compiled_step, notify
 
 __all__ = ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"]
 
@@ -220,6 +220,7 @@ class UpdatePruningStep(keras.callbacks.Callback):
         else:
             self._apply_pending()
             self._update(self._step)
+            notify(self.model, self._step)  # PruningSummaries logs the masks now, after the update
         self._step += 1
 
     def _apply_pending(self) -> None:

@@ -424,12 +424,32 @@ def test_callbacks_update_step_and_log_summaries(tmp_path):
     assert [int(layer.pruning_step.numpy()) for layer in model.layers] == [3, 3]
     scalars = _read_scalars(tmp_path / "metrics")
     l1, l2 = (layer.name for layer in model.layers)
-    # Logged at the start of epochs 1, 2, 3 (steps 0, 1, 2); masks are first computed in step 0.
-    assert [s for s, _ in scalars[f"{l1}/kernel/sparsity"]] == [0, 1, 2]
-    assert [v for _, v in scalars[f"{l1}/kernel/sparsity"]] == [0.0, 0.5, 0.5]
-    kernel = kernels[-1]
+    # Logged at the start of epochs 1, 2, 3 (steps 0, 1, 2), after that step's mask update (step 0 prunes), as
+    # tfmot; and at the end (step 3).
+    assert [s for s, _ in scalars[f"{l1}/kernel/sparsity"]] == [0, 1, 2, 3]
+    assert [v for _, v in scalars[f"{l1}/kernel/sparsity"]] == [0.5, 0.5, 0.5, 0.5]
+    kernel = model.layers[1].kernel.numpy()
     assert scalars[f"{l2}/kernel/threshold"][-1][1] == np.abs(kernel[kernel != 0]).min()  # the smallest kept |w|
-    assert scalars[f"{l2}/kernel/threshold"][0][1] == 0.0  # nothing pruned yet
+    kernel = np.abs(kernels[0]).ravel()  # at the start of epoch 1, before step 0 pruned half of it
+    assert scalars[f"{l2}/kernel/threshold"][0][1] == np.sort(kernel)[kernel.size // 2]  # the smallest kept |w|
+
+
+@pytest.mark.parametrize("summaries_first", [True, False])
+def test_pruning_summaries_log_after_the_mask_update_and_the_final_sparsity(tmp_path, summaries_first):
+    """tfmot's curve: at the start of an epoch at step k, the masks of the last update at a step <= k (tfmot
+    updates inside the step, prune before it), whichever order the callbacks come in; then the final masks."""
+    schedule = prune.PolynomialDecay(0.0, 0.9, 0, 12, power=1, frequency=3)
+    model = prune.prune_low_magnitude(simple_dense_model(), pruning_schedule=schedule)
+    model.compile(loss="categorical_crossentropy", optimizer="sgd")
+    callbacks = [prune.PruningSummaries(log_dir=str(tmp_path)), prune.UpdatePruningStep()]
+    x, y = dense_data(40)
+    model.fit(x, y, batch_size=10, epochs=4, verbose=0, callbacks=callbacks if summaries_first else callbacks[::-1])
+    logged = _read_scalars(tmp_path / "metrics")[f"{model.layers[0].name}/kernel/sparsity"]
+    n = model.layers[0].kernel.numpy().size
+    expected = [(k, round(schedule(k - k % 3)[1] * n) / n) for k in (0, 4, 8, 12, 16)]  # last update at step <= k
+    assert [s for s, _ in logged] == [k for k, _ in expected]
+    np.testing.assert_allclose([v for _, v in logged], [v for _, v in expected], rtol=1e-6)
+    assert logged[3] == (12, pytest.approx(0.9))  # before, step 12 logged step 9's masks: 0.675
 
 
 def _read_scalars(log_dir):
