@@ -21,7 +21,7 @@ import os as _os
 
 _os.environ.setdefault("TF_ENABLE_ONEDNN_SPMM", "1")
 
-from prune import embeddings, lottery
+from prune import embeddings, export, lottery
 from prune.dst import DynamicSparsity, dense_gradients, sparse_init
 from prune.convert import ConversionWarning, convert, unconvertible_layers
 from prune.notices import PruningWarning
@@ -75,6 +75,7 @@ __all__ = [
     "FrozenEntries",
     "LazyAdam",
     "embeddings",
+    "export",
     "lottery",
     "entry_stop_gradients",
     "freeze_entries",

@@ -123,6 +123,10 @@ def _to_masked(layer: Any, params: dict[str, Any], kwargs: dict[str, Any] | None
 
 
 def _to_plain(layer: Any) -> Any:
+    from prune.layers.sparse import SparseDense  # deferred: its kernels are not needed to prune
+
+    if isinstance(layer, SparseDense):
+        return layer.to_dense_layer()
     if not is_masked_layer(layer):
         return layer
     if isinstance(layer, PruneLowMagnitude):
@@ -414,8 +418,13 @@ def _warn_unsupported(model: Any) -> None:
 def strip_pruning(model: Any) -> Any:
     """Replace masked layers by the plain Keras layers, with the zeros in place.
 
-    The result has no masks, counters or ``prune`` classes and loads without
-    custom objects.
+    ``SparseDense`` layers become plain ``Dense`` layers holding their zeros
+    (:meth:`prune.layers.SparseDense.to_dense_layer`). The result has no
+    masks, counters or ``prune`` classes, loads without custom objects and
+    converts to TFLite (:func:`prune.export.to_tflite`).
+
+    Raises:
+        ValueError: a ``SparseDense`` layer is not built.
     """
     return _convert(model, _to_plain)
 

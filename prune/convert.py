@@ -95,16 +95,6 @@ def _dense_parts(layer: Any) -> tuple[np.ndarray, np.ndarray, Any]:
     return kernel, kernel != 0, bias
 
 
-def _plain_dense(layer: SparseDense) -> keras.layers.Dense:
-    kernel, _, bias = _dense_parts(layer)
-    dense = keras.layers.Dense(layer.units, **_dense_kwargs(layer))
-    dense.build((None, layer.dense_shape[0]))
-    dense.kernel.assign(kernel)
-    if bias is not None:
-        dense.bias.assign(bias)
-    return dense
-
-
 def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
     """The converted layer, or ``None`` if ``layer`` cannot be converted to ``to``."""
     if isinstance(layer, SparseDense):
@@ -112,7 +102,7 @@ def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
             return None
         if to == "sparse":
             return _sparse_from(layer, matmul)
-        dense = _plain_dense(layer)
+        dense = layer.to_dense_layer()
         if to == "dense":
             return dense
         masked = _to_masked(dense, {"pruning_schedule": None, **_pruning_params(layer)})
