@@ -918,19 +918,8 @@ def test_custom_layer_whose_init_takes_no_keras_arguments_is_wrapped_itself():
     assert_model_sparsity(0.5, model)
 
 
-class UnregisteredCell(L.Layer):
-    """An RNN cell registered with nobody: Keras cannot rebuild an RNN over it from its config."""
-
-    def __init__(self, units=3, **kwargs):
-        super().__init__(**kwargs)
-        self.units, self.state_size = units, units
-
-    def build(self, input_shape):
-        self.kernel = self.add_weight(shape=(input_shape[-1], self.units))
-
-    def call(self, inputs, states):
-        out = inputs @ self.kernel + states[0]
-        return out, [out]
+class UnregisteredCell(MinimalCell):
+    """MinimalCell under a name registered with nobody: Keras cannot rebuild an RNN over it from its config."""
 
 
 def test_rnn_over_an_unregistered_cell_stays_dense_in_a_pruned_model():
