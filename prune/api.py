@@ -338,8 +338,8 @@ def prune_low_magnitude(
 
     Returns:
         The pruned layer, list or model. Unsupported layers in a model stay
-        dense (tfmot raises); see :func:`unsupported_layers` and
-        :func:`prune.sparsity_report`. Train it with
+        dense (tfmot raises), named in a :class:`prune.PruningWarning`; see
+        :func:`unsupported_layers` and :func:`prune.sparsity_report`. Train it with
         :class:`prune.UpdatePruningStep`: training without it raises.
 
     Raises:
