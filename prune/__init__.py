@@ -21,9 +21,10 @@ import os as _os
 
 _os.environ.setdefault("TF_ENABLE_ONEDNN_SPMM", "1")
 
-from prune import embeddings, lottery
+from prune import embeddings, export, lottery
 from prune.dst import DynamicSparsity, dense_gradients, sparse_init
 from prune.convert import ConversionWarning, convert, unconvertible_layers
+from prune.notices import PruningWarning
 from prune.api import is_pruned, prune_low_magnitude, strip_pruning, unsupported_layers
 from prune.freezing import (
     CapRowNorm,
@@ -62,6 +63,7 @@ __all__ = [
     "DynamicSparsity",
     "NByM",
     "PruneLowMagnitude",
+    "PruningWarning",
     "ScoreContext",
     "Unstructured",
     "compute_gradients",
@@ -73,6 +75,7 @@ __all__ = [
     "FrozenEntries",
     "LazyAdam",
     "embeddings",
+    "export",
     "lottery",
     "entry_stop_gradients",
     "freeze_entries",

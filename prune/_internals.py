@@ -34,6 +34,7 @@ __all__ = [
     "layer_tracker",
     "has_sublayers",
     "in_xla_context",
+    "input_shape_arg",
 ]
 
 TESTED_KERAS = "3.15"
@@ -142,3 +143,8 @@ def in_xla_context() -> bool:
     if tf.executing_eagerly():
         return False
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def input_shape_arg(layer: Any) -> Any:
+    """The ``input_shape`` a layer was constructed with (Keras 3 keeps it out of ``get_config``), or ``None``."""
+    return getattr(layer, "_input_shape_arg", None)

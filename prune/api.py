@@ -22,9 +22,17 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
-from prune._internals import has_sublayers, layer_tracker
+from prune._internals import has_sublayers, input_shape_arg, layer_tracker
 from prune import masks as _masks
-from prune.layers.masked import PrunableLayer, PruneLowMagnitude, check_pruning_args, is_custom_prunable, is_masked_layer
+from prune.layers.masked import (
+    PrunableLayer,
+    PruneLowMagnitude,
+    check_pruning_args,
+    copy_or_share,
+    is_custom_prunable,
+    is_masked_layer,
+)
+from prune.notices import PruningWarning
 from prune.patterns import pattern_from_args
 from prune.pruning import iter_layers, prunable_layers
 from prune.policy import PruningPolicy
@@ -84,10 +92,14 @@ def _copy_variables(source: list[Any], target: list[Any], layer_name: str, targe
 
 
 def _clone_layer(layer: Any) -> Any:
-    """A new layer of the same class and config, built like ``layer`` and with its weights."""
+    """A new layer of the same class and config, built like ``layer`` and with its weights.
+
+    ``layer`` itself, with a :class:`prune.PruningWarning`, when Keras cannot
+    rebuild it from its config (:func:`prune.layers.masked.copy_or_share`).
+    """
     if isinstance(layer, keras.layers.InputLayer):
         return layer
-    return _copy_built(layer, type(layer).from_config(layer.get_config()))
+    return copy_or_share(layer, lambda: _copy_built(layer, type(layer).from_config(layer.get_config())))
 
 
 def _to_masked(layer: Any, params: dict[str, Any], kwargs: dict[str, Any] | None = None) -> Any:
@@ -97,7 +109,7 @@ def _to_masked(layer: Any, params: dict[str, Any], kwargs: dict[str, Any] | None
             return PruneLowMagnitude.wrap(layer, {**params, **(kwargs or {})})
         return layer
     config = {**layer.get_config(), **params}
-    input_shape = getattr(layer, "_input_shape_arg", None)  # Keras 3 keeps input_shape out of get_config
+    input_shape = input_shape_arg(layer)  # Keras 3 keeps input_shape out of get_config
     if input_shape is not None:
         config["input_shape"] = input_shape
     config.update(kwargs or {})
@@ -111,6 +123,10 @@ def _to_masked(layer: Any, params: dict[str, Any], kwargs: dict[str, Any] | None
 
 
 def _to_plain(layer: Any) -> Any:
+    from prune.layers.sparse import SparseDense  # deferred: its kernels are not needed to prune
+
+    if isinstance(layer, SparseDense):
+        return layer.to_dense_layer()
     if not is_masked_layer(layer):
         return layer
     if isinstance(layer, PruneLowMagnitude):
@@ -322,8 +338,8 @@ def prune_low_magnitude(
 
     Returns:
         The pruned layer, list or model. Unsupported layers in a model stay
-        dense (tfmot raises); see :func:`unsupported_layers` and
-        :func:`prune.sparsity_report`. Train it with
+        dense (tfmot raises), named in a :class:`prune.PruningWarning`; see
+        :func:`unsupported_layers` and :func:`prune.sparsity_report`. Train it with
         :class:`prune.UpdatePruningStep`: training without it raises.
 
     Raises:
@@ -384,7 +400,22 @@ def prune_low_magnitude(
             return layer
         return _to_masked(layer, params)
 
-    return _convert(to_prune, fn)
+    pruned = _convert(to_prune, fn)
+    _warn_unsupported(pruned)
+    return pruned
+
+
+def _warn_unsupported(model: Any) -> None:
+    """Warn, naming them, about the layers with weights that stay dense (tfmot raises for them)."""
+    names = unsupported_layers(model)
+    if names:
+        warnings.warn(
+            f"{len(names)} layer(s) with weights stay dense, as no masked class is registered for them: {names}. "
+            "The model ends less sparse than its target; prune.sparsity_report(model) shows by how much. Register "
+            "a masked class with prune.register_prunable, or give the layer get_prunable_weights()",
+            PruningWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_kept_schedules(to_prune: Any, schedule: Any) -> None:
@@ -416,8 +447,13 @@ def _warn_kept_schedules(to_prune: Any, schedule: Any) -> None:
 def strip_pruning(model: Any) -> Any:
     """Replace masked layers by the plain Keras layers, with the zeros in place.
 
-    The result has no masks, counters or ``prune`` classes and loads without
-    custom objects.
+    ``SparseDense`` layers become plain ``Dense`` layers holding their zeros
+    (:meth:`prune.layers.SparseDense.to_dense_layer`). The result has no
+    masks, counters or ``prune`` classes, loads without custom objects and
+    converts to TFLite (:func:`prune.export.to_tflite`).
+
+    Raises:
+        ValueError: a ``SparseDense`` layer is not built.
     """
     return _convert(model, _to_plain)
 

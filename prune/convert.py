@@ -38,7 +38,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from prune.api import _convert, _copy_built, _to_masked, _to_plain
+from prune.api import _clone_layer, _convert, _to_masked, _to_plain
 from prune.kernels import check_matmul
 from prune.layers.masked import MaskedDense, PrunableLayer
 from prune.layers.sparse import SparseDense
@@ -95,26 +95,6 @@ def _dense_parts(layer: Any) -> tuple[np.ndarray, np.ndarray, Any]:
     return kernel, kernel != 0, bias
 
 
-def _plain_dense(layer: SparseDense) -> keras.layers.Dense:
-    kernel, _, bias = _dense_parts(layer)
-    dense = keras.layers.Dense(layer.units, **_dense_kwargs(layer))
-    dense.build((None, layer.dense_shape[0]))
-    dense.kernel.assign(kernel)
-    if bias is not None:
-        dense.bias.assign(bias)
-    return dense
-
-
-def _copy(layer: Any) -> Any:
-    """A copy of an unconverted layer with its weights, or the layer itself if it cannot be copied."""
-    if isinstance(layer, keras.layers.InputLayer):
-        return layer
-    try:
-        return _copy_built(layer, type(layer).from_config(layer.get_config()))
-    except (ValueError, TypeError, NotImplementedError):
-        return layer  # shared between the old and the new model, as prune_low_magnitude does
-
-
 def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
     """The converted layer, or ``None`` if ``layer`` cannot be converted to ``to``."""
     if isinstance(layer, SparseDense):
@@ -122,7 +102,7 @@ def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
             return None
         if to == "sparse":
             return _sparse_from(layer, matmul)
-        dense = _plain_dense(layer)
+        dense = layer.to_dense_layer()
         if to == "dense":
             return dense
         masked = _to_masked(dense, {"pruning_schedule": None, **_pruning_params(layer)})
@@ -130,13 +110,13 @@ def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
         return masked
     if isinstance(layer, PrunableLayer):
         if to == "masked":
-            return _copy(layer)
+            return _clone_layer(layer)
         if to == "dense":
             return _to_plain(layer)
         return _sparse_from(layer, matmul) if isinstance(layer, MaskedDense) and layer.built else None
     if masked_class_for(layer) is not None:  # a registered plain layer: Dense, Conv*, Embedding
         if to == "dense":
-            return _copy(layer)
+            return _clone_layer(layer)
         if not layer.built:
             return None
         if to == "masked":
@@ -145,7 +125,7 @@ def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
             masked.set_mask(masked.prunable_weight_names[0], np.asarray(weight.numpy()) != 0)
             return masked
         return _sparse_from(layer, matmul) if _is_plain_dense(layer) else None
-    return _copy(layer)
+    return _clone_layer(layer)
 
 
 def _sparse_from(layer: Any, matmul: str) -> SparseDense:

@@ -8,6 +8,10 @@ rules of :mod:`prune.masks` applied pattern by pattern:
   channel) prunes exactly ``round(sparsity * units)`` units of a weight (round
   half to even); under global scope the total over all weights of the group is
   exact. :class:`NByM` has no units: its sparsity is ``m / n`` by construction.
+  At high sparsity this can prune every unit of a small weight, which tfmot
+  never does (it keeps ``max(round((1 - s) * n), 1)`` entries): give the
+  pattern ``keep_one=True`` for tfmot's rule (``scope="layer"`` only), or read
+  the :class:`prune.PruningWarning` that says which weight was emptied.
 * **Deterministic ties.** Among equal scores the unit with the lower flat index
   is pruned first.
 * **Masks only shrink.** A unit is alive while any of its entries is; dead
@@ -107,21 +111,43 @@ class Pattern:
         self.check(scores.shape)
         u_scores, alive = self.units(scores, prev)
         k = _num_zeros(sparsity, u_scores.size)
+        if getattr(self, "keep_one", False):
+            k = min(k, u_scores.size - 1)  # tfmot's rule: at least one unit stays
         if k <= int((~alive).sum()):
             return prev.copy()
         return self.expand(prune_lowest(u_scores, alive, k), scores.shape) & prev
 
     def get_config(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        # keep_one is left out at its default, so that configs saved before it existed compare equal.
+        config = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        if not config.get("keep_one", True):
+            del config["keep_one"]
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Pattern":
         return cls(**config)
 
 
+def _check_keep_one(value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"keep_one must be True or False, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Unstructured(Pattern):
-    """Any entry can be pruned on its own (tfmot's default, ``block_size=(1, 1)``)."""
+    """Any entry can be pruned on its own (tfmot's default, ``block_size=(1, 1)``).
+
+    Args:
+        keep_one: Keep at least one entry of each weight, as tfmot does
+            (default ``False``: exactly ``round(sparsity * n)`` zeros, which
+            can be all of a small weight).
+    """
+
+    keep_one: bool = False
+
+    def __post_init__(self) -> None:
+        _check_keep_one(self.keep_one)
 
     def units(self, scores: np.ndarray, previous: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return scores.reshape(-1), previous.reshape(-1)
@@ -137,23 +163,27 @@ _POOLINGS = ("AVG", "MAX")
 class Block(Pattern):
     """``r x c`` tiles of a 2-D weight pruned together, ranked by their pooled score.
 
-    tfmot's ``block_size``/``block_pooling_type``: the weight is squeezed to 2-D
-    (a ``[1, 1, in, out]`` kernel counts as ``[in, out]``; other shapes are an
-    error, as in tfmot), cut into tiles from the top-left corner, and each
-    tile's scores are pooled by their mean (``"AVG"``) or maximum (``"MAX"``).
-    Edge tiles are smaller; their mean is over their own entries (tfmot's
-    ``SAME`` pooling). Unlike tfmot, which keeps every tile whose pooled score
-    ties the threshold, exactly ``round(sparsity * tiles)`` tiles are pruned.
+    tfmot's ``block_size``/``block_pooling_type``: the weight must be 2-D (a
+    Dense kernel; tfmot's ``Pruning._validate_block`` refuses every other
+    rank, a ``[1, 4, 4]`` or ``[1, 1, in, out]`` kernel too), is cut into
+    tiles from the top-left corner, and each tile's scores are pooled by their
+    mean (``"AVG"``) or maximum (``"MAX"``). Edge tiles are smaller; their
+    mean is over their own entries (tfmot's ``SAME`` pooling). Unlike tfmot,
+    which keeps every tile whose pooled score ties the threshold, exactly
+    ``round(sparsity * tiles)`` tiles are pruned.
 
     Args:
         block_size: ``(r, c)`` positive integers.
         pooling: ``"AVG"`` (default, as tfmot) or ``"MAX"``.
+        keep_one: Keep at least one tile of each weight, as tfmot does.
     """
 
     block_size: tuple[int, int] = (1, 1)
     pooling: str = "AVG"
+    keep_one: bool = False
 
     def __post_init__(self) -> None:
+        _check_keep_one(self.keep_one)
         size = self.block_size
         if (
             not isinstance(size, (tuple, list))
@@ -165,22 +195,16 @@ class Block(Pattern):
         if self.pooling not in _POOLINGS:
             raise ValueError(f"block_pooling_type must be 'AVG' or 'MAX', got {self.pooling!r}")
 
-    def _squeezed(self, shape: tuple[int, ...], where: str = "weight") -> tuple[int, int]:
-        dims = tuple(d for d in shape if d != 1)
-        if len(shape) == 2:
-            return (int(shape[0]), int(shape[1]))
-        if len(dims) == 2:
-            return (int(dims[0]), int(dims[1]))
-        raise ValueError(
-            f"block_size={self.block_size} needs a 2-D weight (after squeezing size-1 axes), "
-            f"but {where} has shape {tuple(shape)}"
-        )
+    def _rows_cols(self, shape: tuple[int, ...], where: str = "weight") -> tuple[int, int]:
+        if len(shape) != 2:
+            raise ValueError(f"block_size={self.block_size} needs a 2-D weight, as in tfmot, but {where} has shape {tuple(shape)}")
+        return (int(shape[0]), int(shape[1]))
 
     def check(self, shape: tuple[int, ...], where: str = "weight") -> None:
-        self._squeezed(shape, where)
+        self._rows_cols(shape, where)
 
     def units(self, scores: np.ndarray, previous: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        rows, cols = self._squeezed(scores.shape)
+        rows, cols = self._rows_cols(scores.shape)
         r, c = self.block_size
         nr, nc = -(-rows // r), -(-cols // c)
         pad = ((0, nr * r - rows), (0, nc * c - cols))
@@ -190,7 +214,7 @@ class Block(Pattern):
         return pooled.reshape(-1), a.any(axis=(1, 3)).reshape(-1)
 
     def expand(self, unit_keep: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        rows, cols = self._squeezed(shape)
+        rows, cols = self._rows_cols(shape)
         r, c = self.block_size
         nr, nc = -(-rows // r), -(-cols // c)
         full = np.repeat(np.repeat(unit_keep.reshape(nr, nc), r, axis=0), c, axis=1)
@@ -279,7 +303,15 @@ class Channel(Pattern):
     ConvNets", ICLR 2017). The bias is not masked: a pruned unit outputs
     ``activation(bias)``, a constant, which :func:`prune.shrink` folds into the
     next layer when it removes the unit.
+
+    Args:
+        keep_one: Keep at least one unit of each weight (tfmot's rule for entries).
     """
+
+    keep_one: bool = False
+
+    def __post_init__(self) -> None:
+        _check_keep_one(self.keep_one)
 
     def check(self, shape: tuple[int, ...], where: str = "weight") -> None:
         if len(shape) < 1:

@@ -129,7 +129,7 @@ class PruneForLatencyOnXNNPack(PruningPolicy):
     def _supported(self, layer: Any) -> bool:
         """tfmot's ``_check_layer_support``, itself a copy of XNNPACK's compatibility checks."""
         L = keras.layers
-        if isinstance(layer, (L.Add, L.Multiply, L.ZeroPadding2D, L.ReLU, L.LeakyReLU, L.ELU, L.Dropout)):
+        if isinstance(layer, (L.Add, L.Multiply, L.ZeroPadding2D, L.ReLU, L.LeakyReLU, L.ELU, L.Dropout, L.Identity)):
             return True
         if not isinstance(layer, L.Layer):  # a Keras op in a functional model: tfmot's TFOpLambda add/subtract/...
             return type(layer).__name__ in ("Add", "Subtract", "Multiply", "Identity")

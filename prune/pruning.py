@@ -23,6 +23,7 @@ Every check runs before any variable changes.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from prune import distributions as _dist
 from prune import masks as _masks
+from prune.notices import PruningWarning
 from prune.scoring import ScoreContext, get_criterion
 from prune.optimizer_state import slots_for
 from prune.patterns import Pattern, Unstructured
@@ -245,6 +247,16 @@ def _erk_masks(
     return {k: pattern.select(scores[k], per[k], previous[k]) for k in scores}
 
 
+def _warn_emptied(entry: PruningEntry, sparsity: float) -> None:
+    warnings.warn(
+        f"sparsity {sparsity:g} prunes every entry of {entry.key!r} ({entry.weight.size} entries; exact counts prune "
+        f"round(sparsity * units) of them). tfmot keeps at least one: for its rule give the pattern keep_one=True, "
+        "e.g. pattern=prune.Unstructured(keep_one=True)",
+        PruningWarning,
+        stacklevel=3,
+    )
+
+
 def update_masks(
     model: Any, step: int, optimizer: Any = None, gradients: Mapping[str, Any] | None = None
 ) -> MaskUpdate:
@@ -296,6 +308,9 @@ def update_masks(
         else:
             keep = _erk_masks(scores, sparsity, previous, pattern)
         plans.extend((e, keep[e.key]) for e in group)
+        for e in group:
+            if e.keep.any() and not keep[e.key].any():
+                _warn_emptied(e, sparsity)
     result = MaskUpdate()
     for e, keep in plans:
         result.retrace |= bool(e.apply(keep, optimizer))

@@ -17,9 +17,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
+
+from prune.notices import PruningWarning
 
 __all__ = [
     "PruningSchedule",
@@ -177,6 +180,15 @@ class PolynomialDecay(PruningSchedule):
             raise ValueError(f"power must be a finite number > 0, got {self.power!r}")
         if self.power <= 0:  # (1 - p) ** power: 0 never moves, < 0 divides by zero at end_step
             raise ValueError(f"power must be a finite number > 0, got {self.power!r}")
+        if self.end_step - self.begin_step < self.frequency and self.initial_sparsity != self.final_sparsity:
+            warnings.warn(
+                f"PolynomialDecay updates masks only at begin_step={self.begin_step}, to initial_sparsity="
+                f"{self.initial_sparsity:g}: end_step - begin_step = {self.end_step - self.begin_step} < frequency = "
+                f"{self.frequency}, so final_sparsity={self.final_sparsity:g} is never reached (as in tfmot). Lower "
+                "frequency or raise end_step",
+                PruningWarning,
+                stacklevel=3,
+            )
 
     def sparsity_at(self, step: int) -> float:
         """The sparsity the schedule prescribes at ``step``.

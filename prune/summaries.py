@@ -1,9 +1,12 @@
 """TensorBoard summaries of pruning, and tfmot's ``prune_scope``.
 
 :class:`PruningSummaries` is tfmot's callback of the same name: at the start
-of each epoch it writes each masked weight's sparsity and magnitude threshold
-as ``tf.summary`` scalars to ``<log_dir>/metrics``, at step
-``model.optimizer.iterations``.
+of each epoch, once that step's mask update has run, it writes each masked
+weight's sparsity and magnitude threshold as ``tf.summary`` scalars to
+``<log_dir>/metrics``, at step ``model.optimizer.iterations``, and once more
+when training ends, with the final masks. View them with::
+
+    tensorboard --logdir <log_dir>
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from prune.pruning import get_step, prunable_layers
+from prune.driving import is_driven, listen, unlisten
+from prune.pruning import get_step, prunable_layers, stepped_layers
 
 __all__ = ["PruningSummaries", "prune_scope", "pruning_scalars"]
 
@@ -49,12 +53,23 @@ def _scalar_metadata() -> bytes:
 
 
 class PruningSummaries(keras.callbacks.Callback):
-    """Log the sparsity and threshold of every mask for TensorBoard, at the start of each epoch.
+    """Log the sparsity and threshold of every mask for TensorBoard, at the start of each epoch and at the end.
 
     As tfmot's callback of the same name, the scalars of
     :func:`pruning_scalars` go to ``<log_dir>/metrics``, at step
     ``model.optimizer.iterations`` (the pruning step when the model has no
     optimizer), written with ``tf.summary`` under TensorBoard's scalar plugin.
+
+    When the masks are logged: tfmot updates them inside the training step,
+    so at the start of an epoch at step ``k`` its masks already hold the
+    update for step ``k``. Here :class:`prune.UpdatePruningStep` updates them
+    before batch ``k``, after ``on_epoch_begin``; so while an
+    ``UpdatePruningStep`` drives the model, the epoch's scalars are written
+    right after its update for step ``k`` (in whichever order the two
+    callbacks were given), and the curve matches tfmot's. With nothing
+    driving the masks they are written at ``on_epoch_begin``. When training
+    ends, the final masks are logged at the final step, which tfmot never
+    logs.
 
     Unlike tfmot's, it is not a ``keras.callbacks.TensorBoard``: it logs the
     pruning scalars only. Add ``keras.callbacks.TensorBoard(log_dir)`` beside
@@ -92,6 +107,8 @@ class PruningSummaries(keras.callbacks.Callback):
         self.log_dir = log_dir
         self.update_freq = update_freq
         self._writer: Any = None
+        self._pending = False  # an epoch's scalars wait for the driver's mask update
+        self._last_step: int | None = None
 
     def _step(self) -> int:
         optimizer = getattr(self.model, "optimizer", None)
@@ -99,7 +116,7 @@ class PruningSummaries(keras.callbacks.Callback):
             return int(np.asarray(optimizer.iterations))
         return get_step(self.model)
 
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+    def _write(self) -> None:
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir + "/metrics")
         step = self._step()
@@ -108,8 +125,27 @@ class PruningSummaries(keras.callbacks.Callback):
             for name, value in pruning_scalars(self.model).items():
                 tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=metadata)
         self._writer.flush()
+        self._pending, self._last_step = False, step
+
+    def _after_update(self, step: int) -> None:
+        if self._pending:
+            self._write()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if any(is_driven(layer) for layer in stepped_layers(self.model)):
+            self._pending = True  # written by _after_update, once the driver has updated this step's masks
+            listen(self.model, self._after_update)
+        else:
+            self._write()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._pending:  # the driver never ran a step this epoch
+            self._write()
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        unlisten(self.model, self._after_update)
+        if self._pending or self._last_step != self._step():
+            self._write()  # the final masks
         if self._writer is not None:
             self._writer.close()
             self._writer = None

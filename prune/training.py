@@ -34,9 +34,11 @@ import tensorflow as tf
 
 from prune.scoring import get_criterion
 from prune.pruning import compute_gradients, prunable_entries, prunable_layers, stepped_layers, update_masks
-from prune.driving import attach, detach
+from prune.driving import attach, detach, guard_compiled_step, notify
 
 __all__ = ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"]
+
+_ALIGNMENTS = {"prune": 0, "tfmot": 1}  # step_alignment -> offset of the step the schedules are asked about
 
 
 class UpdatePruningStep(keras.callbacks.Callback):
@@ -64,7 +66,11 @@ class UpdatePruningStep(keras.callbacks.Callback):
 
     Training a model with scheduled masks without this callback raises a
     ``ValueError`` when the training step is built, as in tfmot (see
-    :mod:`prune.driving` for why it raises rather than adds itself).
+    :mod:`prune.driving` for why it raises rather than adds itself), and so
+    does a later ``fit`` that reuses the compiled step of a ``fit`` that had
+    it. On a model with nothing to prune (only ``DepthwiseConv2D`` layers, or
+    a pruning policy that selected nothing) the callback does nothing, as
+    tfmot's.
 
     Args:
         optimizer: Optimizer whose slots to reset; defaults to ``model.optimizer``.
@@ -74,10 +80,27 @@ class UpdatePruningStep(keras.callbacks.Callback):
             movement). Required for those criteria.
         loss: ``loss(y_true, y_pred)`` for those gradients; default the model's
             compiled loss.
+        step_alignment: ``"prune"`` (default): before training step ``k``
+            (counted from 0) the schedules are asked about step ``k``, so
+            ``begin_step=b`` prunes before the ``b``-th batch. ``"tfmot"``:
+            they are asked about step ``k + 1``, as tfmot's wrapper does
+            (it increments its counter before evaluating the schedule), so a
+            run reproduces tfmot's mask updates step for step; a schedule
+            step 0 is then never evaluated, as in tfmot.
+
+    Raises:
+        ValueError: ``step_alignment`` is not ``"prune"`` or ``"tfmot"``.
     """
 
-    def __init__(self, optimizer: Any = None, gradient_data: Any = None, loss: Any = None) -> None:
+    def __init__(
+        self, optimizer: Any = None, gradient_data: Any = None, loss: Any = None, *, step_alignment: str = "prune"
+    ) -> None:
+        if step_alignment not in _ALIGNMENTS:
+            raise ValueError(f"step_alignment must be 'prune' or 'tfmot', got {step_alignment!r}")
         super().__init__()
+        self.step_alignment = step_alignment
+        self._offset = _ALIGNMENTS[step_alignment]
+        self._started = False
         self._optimizer = optimizer
         self._gradient_data = gradient_data
         self._loss = loss
@@ -88,12 +111,10 @@ class UpdatePruningStep(keras.callbacks.Callback):
         self._epoch_start: int | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._started = True
         self._layers = stepped_layers(self.model)
         if not self._layers:
-            raise ValueError(
-                f"UpdatePruningStep found no prunable or SparseDense layer in model {self.model.name!r}; "
-                "call prune.prune_low_magnitude(model) first"
-            )
+            return  # nothing to prune: nothing to do, as in tfmot
         built = [layer for layer in self._layers if layer.built]
         self._step = int(built[0].pruning_step.numpy()) if built else 0
         self._fit_start = self._step
@@ -133,7 +154,7 @@ class UpdatePruningStep(keras.callbacks.Callback):
                 continue  # a boundary: the update runs exactly there
             step = self._fit_start + offset
             for schedule in schedules.values():
-                if schedule.should_update(step):
+                if schedule.should_update(step + self._offset):
                     raise ValueError(
                         f"steps_per_execution={k} cannot honour the pruning schedule {schedule!r}: it updates masks "
                         f"at step {step}, inside an execution of {k} steps (masks change only between executions, "
@@ -154,6 +175,7 @@ class UpdatePruningStep(keras.callbacks.Callback):
         """
 
     def _update(self, step: int) -> None:
+        step += self._offset  # the step the schedules are asked about (see step_alignment)
         gradients = None
         entries = prunable_entries(self.model)
         if any("gradient" in get_criterion(e.criterion).needs for e in entries):
@@ -177,8 +199,10 @@ class UpdatePruningStep(keras.callbacks.Callback):
         # hook, and overriding one (or writing a variable eagerly every step)
         # measured +1.5 ms per LeNet-300-100 step. The saved counters advance
         # inside the compiled step instead (PrunableLayer.advance_step).
-        if not self._layers:  # used in a custom loop without on_train_begin
+        if not self._started:  # used in a custom loop without on_train_begin
             self.on_train_begin()
+        if not self._layers:
+            return
         if self.params:
             # In fit, ``batch`` is the first step of this execution within the
             # epoch (steps_per_execution > 1 calls this once per k steps); the
@@ -196,6 +220,7 @@ class UpdatePruningStep(keras.callbacks.Callback):
         else:
             self._apply_pending()
             self._update(self._step)
+            notify(self.model, self._step)  # PruningSummaries logs the masks now, after the update
         self._step += 1
 
     def _apply_pending(self) -> None:
@@ -209,6 +234,8 @@ class UpdatePruningStep(keras.callbacks.Callback):
             self._apply_pending()
         finally:
             detach(self._layers)
+            guard_compiled_step(self.model, self._layers)
+            self._started = False
 
 
 def mask_gradients(grads_and_vars: Iterable[tuple[Any, Any]], model: Any) -> list[tuple[Any, Any]]:

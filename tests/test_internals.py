@@ -103,6 +103,11 @@ def test_layer_tracker_replaces_a_tracked_sublayer():
     assert internals.has_sublayers(net) and not internals.has_sublayers(keras.layers.Dense(2))
 
 
+def test_input_shape_arg_is_the_constructor_argument():
+    assert internals.input_shape_arg(keras.layers.Dense(2, input_shape=(5,))) == (5,)
+    assert internals.input_shape_arg(keras.layers.Dense(2)) is None
+
+
 def test_a_missing_attribute_names_itself_and_the_keras_version():
     with pytest.raises(internals.KerasInternalsChanged, match=r"object\._trainable_variables .* Keras 3\.\d+"):
         internals.optimizer_variables(object())

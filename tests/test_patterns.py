@@ -1,5 +1,7 @@
 """Patterns, criteria and distributions: exact masks and values on tiny inputs."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -30,12 +32,23 @@ def test_block_edge_tiles_average_their_own_entries():
     np.testing.assert_array_equal(keep, [[F, F, F], [F, F, F], [F, F, T]])
 
 
-def test_block_squeezes_and_refuses_other_ranks():
-    # A [1, 1, 2, 2] kernel is the 2x2 matrix [[0, 1], [2, 3]]; 2x1 tiles are its columns (means 1 and 2).
-    keep = Block((2, 1)).select(np.arange(4.0).reshape(1, 1, 2, 2), 0.5)
-    np.testing.assert_array_equal(keep.reshape(2, 2), [[F, T], [F, T]])
-    with pytest.raises(ValueError, match=r"needs a 2-D weight .* shape \(3, 4, 5\)"):
-        Block((2, 2)).select(np.ones((3, 4, 5)), 0.5)
+def test_block_refuses_other_ranks_as_tfmot():
+    # tfmot's Pruning._validate_block refuses every weight whose rank is not 2, size-1 axes or not.
+    keep = Block((2, 1)).select(np.arange(4.0).reshape(2, 2), 0.5)  # 2x1 tiles are the columns (means 1 and 2)
+    np.testing.assert_array_equal(keep, [[F, T], [F, T]])
+    for shape in ((1, 1, 2, 2), (3, 4, 5)):
+        with pytest.raises(ValueError, match="needs a 2-D weight, as in tfmot, but weight has shape " + re.escape(str(shape))):
+            Block((2, 2)).select(np.ones(shape), 0.5)
+
+
+@pytest.mark.parametrize("pattern", [Unstructured(keep_one=True), Block((2, 1), keep_one=True), Channel(keep_one=True)])
+def test_keep_one_keeps_the_best_unit_at_any_sparsity(pattern):
+    scores = np.array([[1.0, 4.0], [3.0, 2.0]])
+    keep = pattern.select(scores, 0.9)
+    assert keep[0, 1] and keep.sum() == {Unstructured: 1, Block: 2, Channel: 2}[type(pattern)]
+    assert not type(pattern)().select(scores, 0.9).any()  # the default: exactly round(0.9 * units) pruned
+    assert as_pattern(serialize_pattern(pattern)) == pattern
+    assert "keep_one" not in serialize_pattern(type(pattern)())["config"]  # configs saved before it compare equal
 
 
 def test_n_by_m_groups_run_along_the_input_axis():

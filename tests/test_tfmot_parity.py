@@ -424,12 +424,32 @@ def test_callbacks_update_step_and_log_summaries(tmp_path):
     assert [int(layer.pruning_step.numpy()) for layer in model.layers] == [3, 3]
     scalars = _read_scalars(tmp_path / "metrics")
     l1, l2 = (layer.name for layer in model.layers)
-    # Logged at the start of epochs 1, 2, 3 (steps 0, 1, 2); masks are first computed in step 0.
-    assert [s for s, _ in scalars[f"{l1}/kernel/sparsity"]] == [0, 1, 2]
-    assert [v for _, v in scalars[f"{l1}/kernel/sparsity"]] == [0.0, 0.5, 0.5]
-    kernel = kernels[-1]
+    # Logged at the start of epochs 1, 2, 3 (steps 0, 1, 2), after that step's mask update (step 0 prunes), as
+    # tfmot; and at the end (step 3).
+    assert [s for s, _ in scalars[f"{l1}/kernel/sparsity"]] == [0, 1, 2, 3]
+    assert [v for _, v in scalars[f"{l1}/kernel/sparsity"]] == [0.5, 0.5, 0.5, 0.5]
+    kernel = model.layers[1].kernel.numpy()
     assert scalars[f"{l2}/kernel/threshold"][-1][1] == np.abs(kernel[kernel != 0]).min()  # the smallest kept |w|
-    assert scalars[f"{l2}/kernel/threshold"][0][1] == 0.0  # nothing pruned yet
+    kernel = np.abs(kernels[0]).ravel()  # at the start of epoch 1, before step 0 pruned half of it
+    assert scalars[f"{l2}/kernel/threshold"][0][1] == np.sort(kernel)[kernel.size // 2]  # the smallest kept |w|
+
+
+@pytest.mark.parametrize("summaries_first", [True, False])
+def test_pruning_summaries_log_after_the_mask_update_and_the_final_sparsity(tmp_path, summaries_first):
+    """tfmot's curve: at the start of an epoch at step k, the masks of the last update at a step <= k (tfmot
+    updates inside the step, prune before it), whichever order the callbacks come in; then the final masks."""
+    schedule = prune.PolynomialDecay(0.0, 0.9, 0, 12, power=1, frequency=3)
+    model = prune.prune_low_magnitude(simple_dense_model(), pruning_schedule=schedule)
+    model.compile(loss="categorical_crossentropy", optimizer="sgd")
+    callbacks = [prune.PruningSummaries(log_dir=str(tmp_path)), prune.UpdatePruningStep()]
+    x, y = dense_data(40)
+    model.fit(x, y, batch_size=10, epochs=4, verbose=0, callbacks=callbacks if summaries_first else callbacks[::-1])
+    logged = _read_scalars(tmp_path / "metrics")[f"{model.layers[0].name}/kernel/sparsity"]
+    n = model.layers[0].kernel.numpy().size
+    expected = [(k, round(schedule(k - k % 3)[1] * n) / n) for k in (0, 4, 8, 12, 16)]  # last update at step <= k
+    assert [s for s, _ in logged] == [k for k, _ in expected]
+    np.testing.assert_allclose([v for _, v in logged], [v for _, v in expected], rtol=1e-6)
+    assert logged[3] == (12, pytest.approx(0.9))  # before, step 12 logged step 9's masks: 0.675
 
 
 def _read_scalars(log_dir):
@@ -854,3 +874,203 @@ def test_new_layer_kinds_save_load_and_strip(tmp_path):
         np.testing.assert_array_equal(model.predict(x, verbose=0), loaded.predict(x, verbose=0), err_msg=name)
         for (k, a), (_, b) in zip(sorted(model.layers[0].get_masks().items()), sorted(loaded.layers[0].get_masks().items())):
             assert a.sum() * 2 == a.size and np.array_equal(a, b), (name, k)
+
+
+# --------------------------------------------------------------------------
+# Porting defects found by running tfmot's guides and tests against prune (issue 23), each failing before its fix.
+
+
+class NoKwargsPrunable(L.Layer):
+    """A custom layer as tfmot's guide writes one: its ``__init__`` takes no ``trainable``/``dtype``/``name``."""
+
+    def __init__(self, units=4):
+        super().__init__()
+        self.units = units
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], self.units), initializer="glorot_uniform")
+
+    def call(self, inputs):
+        return inputs @ self.w
+
+    def get_prunable_weights(self):
+        return [self.w]
+
+
+def _fit_one_step(model, x, y, **callback_kwargs):
+    model.compile(loss="mse", optimizer="sgd")
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, callbacks=[prune.UpdatePruningStep(**callback_kwargs)])
+
+
+def test_custom_layer_whose_init_takes_no_keras_arguments_is_wrapped_itself():
+    """Copying it through get_config/from_config raised Keras's TypeError; tfmot wraps the object, so does prune."""
+    layer = NoKwargsPrunable()
+    with pytest.raises(TypeError):
+        NoKwargsPrunable.from_config(layer.get_config())  # why a copy cannot work
+    wrapped = prune.prune_low_magnitude(layer, **INTEGRATION)
+    assert isinstance(wrapped, prune.PruneLowMagnitude) and wrapped.layer is layer
+    original = keras.Sequential([keras.Input((6,)), NoKwargsPrunable(), L.Dense(2)])
+    with pytest.warns(prune.PruningWarning, match="cannot be copied"):
+        model = prune.prune_low_magnitude(original, **INTEGRATION)
+    assert model.layers[0].layer is original.layers[0]  # shared, as tfmot shares it (the warning says so)
+    rng = np.random.default_rng(0)
+    _fit_one_step(model, rng.normal(size=(4, 6)).astype("float32"), rng.normal(size=(4, 2)))
+    assert_model_sparsity(0.5, model)
+
+
+class UnregisteredCell(MinimalCell):
+    """MinimalCell under a name registered with nobody: Keras cannot rebuild an RNN over it from its config."""
+
+
+def test_rnn_over_an_unregistered_cell_stays_dense_in_a_pruned_model():
+    """Copying the kept RNN through its config raised Keras's TypeError; it is now kept as the object, as in tfmot."""
+    model = keras.Sequential([keras.Input((3, 4)), L.RNN(UnregisteredCell(), name="rnn"), L.Dense(2)])
+    with pytest.warns(prune.PruningWarning):
+        pruned = prune.prune_low_magnitude(model, **PARAMS)
+    assert pruned.layers[0] is model.layers[0] and count_pruned(pruned) == 1
+
+
+def _depthwise_only_model():
+    return keras.Sequential([keras.Input((4, 4, 2)), L.DepthwiseConv2D(3), L.GlobalAveragePooling2D()])
+
+
+def test_update_pruning_step_does_nothing_on_a_model_with_nothing_to_prune():
+    """tfmot's callback does nothing there; prune's raised ValueError (DepthwiseConv2D only, or a policy pruning
+    nothing)."""
+    rng = np.random.default_rng(0)
+    model = prune.prune_low_magnitude(_depthwise_only_model(), **PARAMS)
+    assert count_pruned(model) == 0
+    _fit_one_step(model, rng.normal(size=(2, 4, 4, 2)).astype("float32"), rng.normal(size=(2, 2)))
+    i = keras.Input((8, 8, 3))
+    x = L.DepthwiseConv2D(kernel_size=(3, 3), padding="same")(_xnn_start(i))
+    model = prune.prune_low_magnitude(keras.Model(i, L.GlobalAveragePooling2D()(x)), pruning_policy=XNN(), **PARAMS)
+    assert count_pruned(model) == 0
+    _fit_one_step(model, rng.normal(size=(2, 8, 8, 3)).astype("float32"), rng.normal(size=(2, 16)))
+
+
+class PrunableCell(L.Layer):
+    """An RNN cell implementing tfmot's get_prunable_weights()."""
+
+    def __init__(self, units=3, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.state_size = units, units
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
+        self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
+
+    def call(self, inputs, states, training=None):
+        out = keras.ops.tanh(inputs @ self.kernel + states[0] @ self.recurrent)
+        return out, [out]
+
+    def get_prunable_weights(self):
+        return [self.kernel]
+
+
+def test_rnn_over_a_custom_cell_with_get_prunable_weights_is_pruned():
+    """tfmot prunes an RNN whose cells are known or implement get_prunable_weights(); prune called it "not
+    prunable" on its own, and inside a model fit failed with "multiple values for argument 'training'"."""
+    wrapped = prune.prune_low_magnitude(L.RNN([PrunableCell(), L.SimpleRNNCell(3)]), **INTEGRATION)
+    assert isinstance(wrapped, prune.PruneLowMagnitude)
+    model = prune.prune_low_magnitude(
+        keras.Sequential([keras.Input((5, 4)), L.RNN(PrunableCell(4), name="rnn"), L.Dense(2)]), **INTEGRATION
+    )
+    rnn = model.layers[0]
+    assert isinstance(rnn, prune.PruneLowMagnitude) and rnn.prunable_weight_names == ("kernel",)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 5, 4)).astype("float32")
+    _fit_one_step(model, x, rng.normal(size=(4, 2)))
+    assert_model_sparsity(0.5, model)
+    _check_strip_matches(model, 0.5, x)
+
+
+def test_policy_accepts_keras_identity_layers():
+    """XNNPACK runs identity; tfmot accepts it, prune rejected keras.layers.Identity."""
+    i = keras.Input((8, 8, 3))
+    x = L.Identity()(L.Conv2D(16, [1, 1])(_xnn_start(i)))
+    model = keras.Model(i, L.GlobalAveragePooling2D()(x))
+    assert count_pruned(prune.prune_low_magnitude(model, pruning_policy=XNN(), **PARAMS)) == 1
+
+
+def test_block_rejects_weights_that_are_not_2d_as_tfmot():
+    """tfmot's Pruning._validate_block refuses every weight whose rank is not 2; prune squeezed a (1, 4, 4) kernel."""
+    layer = prune.prune_low_magnitude(L.Conv1D(4, 1), block_size=(2, 2))
+    with pytest.raises(ValueError, match=r"block_size=\(2, 2\) needs a 2-D weight.*shape \(1, 4, 4\)"):
+        keras.Sequential([keras.Input((3, 4)), layer])
+    with pytest.raises(ValueError, match=r"shape \(1, 4, 4\)"):
+        prune.Block((2, 2)).select(np.ones((1, 4, 4)), 0.5)
+
+
+# --------------------------------------------------------------------------
+# Documented differences users trip on (issue 23): each now warns, or has an option.
+
+
+def test_unsupported_layers_left_dense_warn():
+    """The model ends less sparse than its target: say which layers stay dense."""
+    model = keras.Sequential([keras.Input((4, 5, 5, 1)), L.ConvLSTM2D(2, 3, name="clstm"), L.Flatten(), L.Dense(3)])
+    with pytest.warns(prune.PruningWarning, match=r"1 layer\(s\) with weights stay dense.*'clstm'"):
+        prune.prune_low_magnitude(model, **PARAMS)
+
+
+def test_keep_one_is_tfmot_rule_and_exact_counts_warn_when_a_weight_is_emptied():
+    """testPruneWithHighSparsity: tfmot keeps max(round((1 - s) n), 1) entries; keep_one=True does the same."""
+    model = prune.prune_low_magnitude(simple_dense_model(), pruning_schedule=prune.ConstantSparsity(0.99, 0, frequency=1))
+    with pytest.warns(prune.PruningWarning, match=r"prunes every entry of .*kernel.*keep_one=True"):
+        train(model, *dense_data())
+    model = prune.prune_low_magnitude(simple_dense_model(), pruning_schedule=prune.ConstantSparsity(0.99, 0, frequency=1),
+                                      pattern=prune.Unstructured(keep_one=True))
+    train(model, *dense_data())
+    assert [np.count_nonzero(w) for w in prunable_weights(model)] == [1, 1]
+    assert prune.Block((2, 2), keep_one=True).select(np.ones((4, 4)), 0.99).sum() == 4  # one block
+    with pytest.raises(ValueError, match="keep_one.*scope='layer'.*scope='global'"):
+        prune.prune_low_magnitude(simple_dense_model(), pattern=prune.Unstructured(keep_one=True), scope="global")
+
+
+def test_step_alignment_tfmot_reproduces_tfmot_update_steps():
+    """tfmot asks its schedule about step k + 1 during batch k: the PolynomialDecay(0.2, 0.6, 1, 4, 3, 1) of
+    testPruneStopAndRestart_PreservesSparsity gives 0.2 after one step there, 0.0 with prune's default."""
+    x, y = dense_data()
+    for alignment, expected in (("prune", 0.0), ("tfmot", 0.2)):
+        model = prune.prune_low_magnitude(simple_dense_model(), pruning_schedule=prune.PolynomialDecay(0.2, 0.6, 1, 4, 3, 1))
+        model.compile(loss="categorical_crossentropy", optimizer="sgd")
+        model.fit(x, y, batch_size=20, epochs=1, verbose=0, callbacks=[prune.UpdatePruningStep(step_alignment=alignment)])
+        assert_model_sparsity(expected, model)
+    with pytest.raises(ValueError, match="step_alignment must be 'prune' or 'tfmot', got 'keras'"):
+        prune.UpdatePruningStep(step_alignment="keras")
+
+
+def test_second_fit_reusing_the_compiled_step_without_callback_raises():
+    """The compiled step of a fit that had the callback refuses to run without it, before any step."""
+    model = prune.prune_low_magnitude(simple_dense_model(), **INTEGRATION)
+    x, y = dense_data()
+    train(model, x, y)
+    before = [w.numpy().copy() for w in model.weights]
+    with pytest.raises(ValueError, match="without prune.UpdatePruningStep"):
+        model.fit(x, y, batch_size=20, verbose=0)  # the same batch shape: Keras reuses the compiled step
+    for a, b in zip(before, model.weights):
+        np.testing.assert_array_equal(a, b.numpy())
+    train(model, x, y)  # with the callback again: trains
+    assert prune.get_step(model) == 2
+
+
+def test_schedule_that_can_never_reach_its_final_sparsity_warns():
+    """end_step - begin_step < frequency: the only update is at begin_step, at initial_sparsity."""
+    with pytest.warns(prune.PruningWarning, match=r"only at begin_step=0.*final_sparsity=0.8 is never reached"):
+        prune.PolynomialDecay(0.2, 0.8, 0, 50)  # frequency=100
+
+
+def test_custom_layer_wrapper_keeps_input_shape():
+    """tfmot's wrapper passes the layer's input_shape on, so Sequential([wrapper]) is built."""
+    model = keras.Sequential([prune.prune_low_magnitude(CustomWithShape(input_shape=(6,)), **PARAMS)])
+    assert model.built and model.layers[0].built
+
+
+class CustomWithShape(L.Layer):
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], 3))
+
+    def call(self, inputs):
+        return inputs @ self.w
+
+    def get_prunable_weights(self):
+        return [self.w]

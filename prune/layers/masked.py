@@ -28,6 +28,7 @@ together.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import keras
@@ -36,7 +37,9 @@ import tensorflow as tf
 from keras import ops
 
 from prune import masks as _masks
+from prune._internals import input_shape_arg
 from prune.driving import require_driver
+from prune.notices import PruningWarning
 from prune.optimizer_state import zero_slot_entries
 from prune.patterns import Pattern, as_pattern, serialize_pattern
 from prune.pruning import PruningEntry
@@ -47,6 +50,8 @@ __all__ = [
     "PruneLowMagnitude",
     "is_masked_layer",
     "is_custom_prunable",
+    "custom_prunable_weights",
+    "copy_or_share",
     "MaskedDense",
     "MaskedConv1D",
     "MaskedConv2D",
@@ -256,6 +261,8 @@ def check_pruning_args(pattern: Any, criterion: str, scope: str, seed: Any) -> P
     _masks.check_scope(scope)
     if not pattern.has_units and scope != "layer":
         raise ValueError(f"pattern {pattern!r} fixes the sparsity of every group and needs scope='layer', got scope={scope!r}")
+    if getattr(pattern, "keep_one", False) and scope != "layer":
+        raise ValueError(f"keep_one=True of pattern {pattern!r} is tfmot's rule per weight and needs scope='layer', got scope={scope!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     return pattern
@@ -270,9 +277,65 @@ def is_masked_layer(layer: Any) -> bool:
     return isinstance(layer, PrunableLayer) and type(layer).get_prunable_weights is PrunableLayer.get_prunable_weights
 
 
-def is_custom_prunable(layer: Any) -> bool:
-    """Whether ``layer`` implements tfmot's ``get_prunable_weights()`` and is not masked yet."""
+RNN_CELLS = (keras.layers.SimpleRNNCell, keras.layers.GRUCell, keras.layers.LSTMCell)
+"""The RNN cells whose ``kernel`` and ``recurrent_kernel`` are pruned (tfmot's ``_RNN_CELLS_WEIGHTS_MAP``)."""
+
+
+def rnn_cells(cell: Any) -> list[Any]:
+    """The cells of an RNN's ``cell``: the stack's cells, or the cell itself."""
+    return list(cell.cells) if isinstance(cell, keras.layers.StackedRNNCells) else [cell]
+
+
+def _has_own_prunable_weights(layer: Any) -> bool:
     return callable(getattr(layer, "get_prunable_weights", None)) and not is_masked_layer(layer)
+
+
+def _is_rnn_over_custom_cells(layer: Any) -> bool:
+    """A ``keras.layers.RNN`` whose cells are each known or implement ``get_prunable_weights()``, one at least
+    the latter (an RNN over known cells only is a ``MaskedRNN``). tfmot's ``PruneRegistry.supports`` rule."""
+    if type(layer) is not keras.layers.RNN:
+        return False
+    cells = rnn_cells(layer.cell)
+    custom = [_has_own_prunable_weights(c) for c in cells]
+    return any(custom) and all(c or type(cell) in RNN_CELLS for c, cell in zip(custom, cells))
+
+
+def is_custom_prunable(layer: Any) -> bool:
+    """Whether ``layer`` follows tfmot's contract and is not masked yet: it implements
+    ``get_prunable_weights()``, or it is a ``keras.layers.RNN`` over cells that do (or are known cells)."""
+    return _has_own_prunable_weights(layer) or _is_rnn_over_custom_cells(layer)
+
+
+def custom_prunable_weights(layer: Any) -> list[Any]:
+    """The variables tfmot's contract prunes in ``layer`` (see :func:`is_custom_prunable`)."""
+    if _has_own_prunable_weights(layer):
+        return list(layer.get_prunable_weights())
+    weights: list[Any] = []
+    for cell in rnn_cells(layer.cell):
+        weights.extend(cell.get_prunable_weights() if _has_own_prunable_weights(cell) else [cell.kernel, cell.recurrent_kernel])
+    return weights
+
+
+def copy_or_share(layer: Any, make_copy: Any) -> Any:
+    """``make_copy()``, or ``layer`` itself (with a :class:`prune.PruningWarning`) when Keras cannot rebuild it.
+
+    Keras rebuilds a layer as ``type(layer).from_config(layer.get_config())``;
+    that fails for an ``__init__`` that takes no ``trainable``/``dtype``/``name``
+    and for a class (or an RNN cell) registered with nobody. tfmot never
+    copies; ``prune`` copies so that a pruned model shares nothing with its
+    original, and falls back to tfmot's way for such layers.
+    """
+    try:
+        return make_copy()
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        warnings.warn(
+            f"layer {layer.name!r} ({type(layer).__name__}) cannot be copied through its config ({exc}); it is used "
+            "itself, as tfmot does, so the result shares its variables with the original. Give the layer "
+            "get_config/from_config (and register it with keras.saving.register_keras_serializable) to get a copy",
+            PruningWarning,
+            stacklevel=3,
+        )
+        return layer
 
 
 def apply_mask(weight: Any, mask_var: Any, keep: np.ndarray, optimizer: Any = None) -> None:
@@ -396,8 +459,10 @@ class PruneLowMagnitude(PrunableLayer, keras.layers.Wrapper):
     """
 
     def __init__(self, layer: Any, **kwargs: Any) -> None:
-        if not isinstance(layer, keras.layers.Layer) or not callable(getattr(layer, "get_prunable_weights", None)):
-            raise ValueError(f"layer must be a Keras layer with get_prunable_weights(), got {layer!r}")
+        if not isinstance(layer, keras.layers.Layer) or not is_custom_prunable(layer):
+            raise ValueError(
+                f"layer must be a Keras layer with get_prunable_weights(), or an RNN over such cells, got {layer!r}"
+            )
         kwargs.setdefault("name", f"prune_low_magnitude_{layer.name}")
         super().__init__(layer, **kwargs)
         self.prunable_weight_names: tuple[str, ...] = ()
@@ -405,7 +470,7 @@ class PruneLowMagnitude(PrunableLayer, keras.layers.Wrapper):
 
     def build(self, input_shape: Any = None) -> None:
         keras.layers.Wrapper.build(self, input_shape)
-        weights = list(self.layer.get_prunable_weights())
+        weights = custom_prunable_weights(self.layer)
         owned = {id(v) for v in self.layer.weights}
         names: list[str] = []
         for v in weights:
@@ -422,16 +487,28 @@ class PruneLowMagnitude(PrunableLayer, keras.layers.Wrapper):
 
     @classmethod
     def wrap(cls, layer: Any, params: dict[str, Any]) -> "PruneLowMagnitude":
-        """Wrap a copy of ``layer`` (same config and weights, no shared variables), built if ``layer`` is."""
-        inner = type(layer).from_config(layer.get_config())
+        """Wrap a copy of ``layer`` (same config and weights, no shared variables), built if ``layer`` is.
+
+        A layer that cannot be rebuilt from its config (an ``__init__`` that
+        takes no ``trainable``/``dtype``, a cell registered with nobody) is
+        wrapped itself, as tfmot wraps every layer, with a
+        :class:`prune.PruningWarning`: its variables are then shared with
+        whatever held it. The ``input_shape`` the layer was built with passes
+        to the wrapper, so a ``Sequential`` starting with it is built.
+        """
+        input_shape = input_shape_arg(layer)
+        if input_shape is not None and "input_shape" not in params:
+            params = {**params, "input_shape": input_shape}
+        inner = copy_or_share(layer, lambda: type(layer).from_config(layer.get_config()))
         wrapper = cls(inner, **params)
         if layer.built:
             build_config = layer.get_build_config()
             if build_config is None:
                 raise ValueError(f"layer {layer.name!r} is built but has no build config; cannot copy it")
             wrapper.build(build_config["input_shape"])
-            for old, new in zip(layer.weights, inner.weights):
-                new.assign(old.value)
+            if inner is not layer:
+                for old, new in zip(layer.weights, inner.weights):
+                    new.assign(old.value)
         return wrapper
 
     def call(self, inputs: Any, training: Any = None, **kwargs: Any) -> Any:

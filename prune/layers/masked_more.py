@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import keras
 
-from prune.layers.masked import PrunableLayer, _MaskedConvMixin
+from prune.layers.masked import RNN_CELLS, PrunableLayer, _MaskedConvMixin, rnn_cells
 from prune.registry import register_prunable
 
 __all__ = [
@@ -232,11 +232,6 @@ class MaskedLSTM(PrunableLayer, _SwapRNN, keras.layers.LSTM):
     prunable_weight_names = ("kernel", "recurrent_kernel")
 
 
-_RNN_CELLS = (keras.layers.SimpleRNNCell, keras.layers.GRUCell, keras.layers.LSTMCell)
-
-
-def _rnn_cells(cell: Any) -> list[Any]:
-    return list(cell.cells) if isinstance(cell, keras.layers.StackedRNNCells) else [cell]
 
 
 @keras.saving.register_keras_serializable(package="prune")
@@ -256,8 +251,8 @@ class MaskedRNN(PrunableLayer, _SwapRNN, keras.layers.RNN):
 
     def __init__(self, cell: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(cell, *args, **kwargs)
-        cells = _rnn_cells(self.cell)
-        other = [type(c).__name__ for c in cells if type(c) not in _RNN_CELLS]
+        cells = rnn_cells(self.cell)
+        other = [type(c).__name__ for c in cells if type(c) not in RNN_CELLS]
         if other:
             raise ValueError(f"MaskedRNN prunes SimpleRNNCell, GRUCell and LSTMCell only, got cells {other}")
         names = tuple(f"cell_{i}_{w}" for i in range(len(cells)) for w in ("kernel", "recurrent_kernel"))
@@ -266,11 +261,11 @@ class MaskedRNN(PrunableLayer, _SwapRNN, keras.layers.RNN):
     @classmethod
     def can_prune(cls, layer: Any) -> bool:
         """Whether every cell of the ``keras.layers.RNN`` ``layer`` is one this class masks."""
-        return all(type(c) in _RNN_CELLS for c in _rnn_cells(layer.cell))
+        return all(type(c) in RNN_CELLS for c in rnn_cells(layer.cell))
 
     def _slot(self, name: str) -> tuple[Any, str]:
         _, index, attr = name.split("_", 2)
-        return _rnn_cells(self.cell)[int(index)], attr
+        return rnn_cells(self.cell)[int(index)], attr
 
     def __getattr__(self, name: str) -> Any:
         # PrunableLayer finds a pruned weight as an attribute of that name.

@@ -370,6 +370,31 @@ class SparseDense(keras.layers.Layer):
         dense[idx[:, 0], idx[:, 1]] = self.values.numpy()
         return dense
 
+    def to_dense_layer(self) -> keras.layers.Dense:
+        """A built ``keras.layers.Dense`` computing the same function: this weight (+0.0 where absent) and bias.
+
+        What :func:`prune.strip_pruning` and ``prune.convert(to="dense")`` put
+        in this layer's place.
+
+        Raises:
+            ValueError: the layer is not built (its structure is drawn at build).
+        """
+        if not self.built:
+            raise ValueError(f"SparseDense layer {self.name!r} must be built before it becomes a Dense layer")
+        dense = keras.layers.Dense(
+            self.units,
+            activation=self.activation,
+            use_bias=self.use_bias,
+            name=self.name,
+            bias_initializer=self.bias_initializer,
+            kernel_initializer=self.kernel_initializer,
+        )
+        dense.build((None, self.dense_shape[0]))
+        dense.kernel.assign(self.to_dense())
+        if self.bias is not None:
+            dense.bias.assign(self.bias.numpy())
+        return dense
+
     def get_mask(self) -> np.ndarray:
         """The structure as a dense bool ``[n_in, n_out]`` array."""
         mask = np.zeros(self.dense_shape, dtype=bool)
