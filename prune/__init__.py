@@ -54,6 +54,10 @@ from prune.schedules import (
 )
 from prune.training import UpdatePruningStep, apply_masked_gradients, mask_gradients
 
+from prune import native as _native
+
+_native.load_if_built()  # registers PruneSpmm/PruneSddmm for saved graphs, if built here before (never compiles)
+
 __version__ = "0.1.0"
 
 __all__ = [

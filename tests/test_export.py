@@ -112,11 +112,6 @@ def test_saved_model_with_portable_kernels_loads_without_prune(models, tmp_path)
         export.saved_model(models["sparse"], tmp_path / "x", portable=True, portable_matmul="native")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs `import prune` to register the native op library (the lead's change to prune/native, issue 23); "
-    "remove this mark once it lands",
-)
 def test_saved_model_with_native_kernels_loads_after_import_prune(tmp_path):
     if prune.native.load() is None:
         pytest.skip(f"native kernels unavailable: {prune.native.status().reason}")

@@ -242,3 +242,21 @@ def test_fresh_build_by_concurrent_processes_and_every_fallback(tmp_path):
         assert res["warnings"] == [] and res["y"] == want
         (log,) = retry.glob("*.failed")
         assert "PacketMathFP16.h" in log.read_text() and len(list(retry.glob("*.so"))) == 1
+
+
+@needs_native
+def test_import_prune_loads_a_library_already_built_and_never_compiles(tmp_path):
+    """With the library in the cache, ``import prune`` registers the ops (a saved graph holding them loads); with an
+    empty cache it compiles nothing."""
+    assert native.load() is not None  # built (or loaded) into this session's cache
+    code = ("import json, prune; from prune import native; st = native._state.get('status'); "
+            "print(json.dumps(dict(loaded=st is not None and st.available, built=st is not None and st.built)))")
+    results = {}
+    for name, cache in (("built", native.cache_dir()), ("empty", tmp_path / "empty")):
+        env = {k: v for k, v in os.environ.items() if k not in ("PRUNE_NATIVE", "CXX")}
+        env.update(PYTHONPATH=str(ROOT), PRUNE_NATIVE_CACHE=str(cache), TF_CPP_MIN_LOG_LEVEL="3")
+        proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["built"]["loaded"] and not results["built"]["built"]
+    assert not results["empty"]["loaded"] and not (tmp_path / "empty").exists()  # nothing compiled, nothing written

@@ -7,7 +7,8 @@ read ``W`` from its row-major ``values`` and an int32 structure vector built
 by :func:`structure` when the sparsity pattern changes.
 
 Building follows ``torch.utils.cpp_extension.load``: nothing is compiled at
-``import prune``; the first call of :func:`load` (made when the first
+``import prune`` (which only loads a library already in the cache, :func:`load_if_built`,
+so that saved graphs holding the ops load); the first call of :func:`load` (made when the first
 ``SparseDense`` with ``matmul="native"`` or ``"auto"`` is traced) compiles the
 source with the C++ compiler (``$CXX``, else ``c++``/``g++``) against the
 installed TensorFlow's headers and flags (``tf.sysconfig``) into a cache
@@ -65,6 +66,7 @@ __all__ = [
     "extra_flags",
     "kernel_label",
     "load",
+    "load_if_built",
     "status",
     "structure",
     "structure_tf",
@@ -343,6 +345,30 @@ def load() -> Any | None:
                 stacklevel=2,
             )
         return module
+
+
+def load_if_built() -> Any | None:
+    """:func:`load`, but only when the library for this machine is already in the cache; never compiles.
+
+    ``import prune`` calls this, so that a SavedModel or graph holding the
+    native ops (``PruneSpmm``, ``PruneSddmm``) loads in a fresh process after
+    ``import prune`` without first tracing a ``SparseDense``. Costs two short
+    compiler queries (its version and the macros of ``-march=native``) when
+    nothing is loaded yet. On a machine where nothing was built, call
+    :func:`load` (it compiles) before loading such a model.
+    """
+    if "status" in _state or not enabled():
+        return _state.get("module")
+    cxx = _compiler()
+    if cxx is None:
+        return None
+    try:
+        names = [_library_name(cxx, isa) for isa in build_attempts(cxx)]
+    except Exception:  # noqa: BLE001 - a broken toolchain is load()'s to report, when someone asks for the kernels
+        return None
+    if any((cache_dir() / f"{name}.so").exists() for name in names):
+        return load()
+    return None
 
 
 def status() -> NativeStatus:
