@@ -16,7 +16,8 @@ attribute.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import keras
 
@@ -35,6 +36,13 @@ __all__ = [
     "has_sublayers",
     "in_xla_context",
     "input_shape_arg",
+    "sublayers",
+    "own_variables",
+    "override_call",
+    "keras_producer",
+    "inbound_nodes",
+    "outbound_nodes",
+    "private_weight",
 ]
 
 TESTED_KERAS = "3.15"
@@ -126,7 +134,78 @@ def layer_tracker(layer: Any) -> Any | None:
 
 def has_sublayers(layer: Any) -> bool:
     """Whether a (non-Model) layer tracks sublayers of its own."""
-    return bool(getattr(layer, "_layers", None))
+    return bool(sublayers(layer))
+
+
+def sublayers(layer: Any) -> list[Any]:
+    """The layers ``layer`` tracks directly (a model's layers, a custom block's or an RNN's cell), in order.
+
+    Keras 3 keeps them in ``_layers`` (``Model.layers`` drops an ``InputLayer``
+    and hides nothing else; a plain ``Layer`` has no public list); an object
+    without it (a Keras op of a functional model) has none.
+    """
+    children = getattr(layer, "_layers", None)
+    if children is None:
+        children = getattr(layer, "layers", [])
+    return list(children)
+
+
+def own_variables(layer: Any) -> list[Any]:
+    """The layer's own variables in the order ``save_own_variables`` writes them (trainable, then not)."""
+    try:
+        return list(layer._trainable_variables) + list(layer._non_trainable_variables)
+    except AttributeError:
+        raise _missing(layer, "_trainable_variables/_non_trainable_variables", "the layer's own variables") from None
+
+
+@contextlib.contextmanager
+def override_call(layer: Any, call: Any) -> Iterator[None]:
+    """Run ``layer`` through ``call`` instead of its own ``call`` inside the block (one gradient pass).
+
+    Keras's ``Layer.__call__`` looks ``self.call`` up on the instance, so an
+    instance attribute takes precedence; it is removed on leaving. Keras does
+    not promise that lookup (a compiled ``call`` cached per instance would
+    bypass it), hence the canary test.
+    """
+    object.__setattr__(layer, "call", call)
+    try:
+        yield
+    finally:
+        layer.__dict__.pop("call", None)
+
+
+def keras_producer(tensor: Any) -> Any:
+    """The operation (layer) that produced a symbolic Keras tensor."""
+    try:
+        return tensor._keras_history.operation
+    except AttributeError:
+        raise _missing(tensor, "_keras_history", "the operation that produced a symbolic tensor") from None
+
+
+def inbound_nodes(layer: Any) -> list[Any]:
+    """The nodes of the calls of ``layer`` (each with ``input_tensors``)."""
+    try:
+        return list(layer._inbound_nodes)
+    except AttributeError:
+        raise _missing(layer, "_inbound_nodes", "the nodes of its calls") from None
+
+
+def outbound_nodes(layer: Any) -> list[Any]:
+    """The nodes of the calls that consume ``layer``'s outputs (each with ``operation``)."""
+    try:
+        return list(layer._outbound_nodes)
+    except AttributeError:
+        raise _missing(layer, "_outbound_nodes", "the nodes consuming its outputs") from None
+
+
+def private_weight(layer: Any, name: str) -> Any | None:
+    """The variable a layer keeps under ``_<name>`` (Dense's ``_kernel``, Embedding's ``_embeddings``), or ``None``.
+
+    Keras 3 stores some weights behind a property of the public name (which may
+    return a dequantised or LoRA-merged tensor, not the variable).
+    """
+    private = getattr(layer, f"_{name}", None)
+    return private if isinstance(private, keras.Variable) else None
 
 
 def in_xla_context() -> bool:

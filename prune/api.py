@@ -32,6 +32,7 @@ from prune.layers.masked import (
     is_custom_prunable,
     is_masked_layer,
 )
+from prune.distributions import get_distribution
 from prune.notices import PruningWarning
 from prune.patterns import pattern_from_args
 from prune.pruning import iter_layers, prunable_layers
@@ -182,7 +183,7 @@ def _copying(fn: Callable[[Any], Any], models_only: bool = False) -> Callable[[A
         if new is not layer or models_only:
             return new
         copy = _clone_layer(layer)
-        if getattr(copy, "_layers", None):  # a custom block: its prunable sublayers are converted in place
+        if has_sublayers(copy):  # a custom block: its prunable sublayers are converted in place
             _replace_attributes(copy, _copying(fn, models_only=True))
         return copy
 
@@ -348,7 +349,7 @@ def prune_low_magnitude(
     """
     schedule = as_schedule(ConstantSparsity(0.5, 0) if pruning_schedule is None else pruning_schedule)
     _masks.get_criterion(criterion)
-    _masks.check_scope(scope)
+    get_distribution(scope)
     pattern = pattern_from_args(pattern, block_size, block_pooling_type, sparsity_m_by_n)
     check_pruning_args(pattern, criterion, scope, seed)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):

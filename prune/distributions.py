@@ -1,14 +1,21 @@
 """Sparsity distributions: how one target sparsity is spread over several weights.
 
-``params -> {key: number of zeros}``, exact in total, in the spirit of
-jaxpruner's ``sparsity_distribution_fn``. Three are used by the engine, by the
-layers' ``scope``:
+A registry of :class:`Distribution` values, one per name, which the layers'
+``scope``, :func:`prune.sparse_init`'s ``distribution`` and
+:func:`prune.lottery.magnitude_masks`'s ``scope`` all look up
+(:func:`get_distribution`). Each selects keep-masks from scores and, where the
+split does not depend on the scores, gives exact zeros per weight
+(``params -> {key: number of zeros}``, exact in total, in the spirit of
+jaxpruner's ``sparsity_distribution_fn``):
 
-* ``"layer"`` (uniform): every weight at the target sparsity, each rounded on
-  its own (:func:`uniform_zeros`).
+* ``"layer"`` (alias ``"uniform"``): every weight at the target sparsity, each
+  rounded on its own (:func:`uniform_zeros`).
 * ``"global"``: one threshold over all scores; the split follows the scores
-  (:func:`prune.masks.global_masks`), so there is no per-weight count here.
+  (:func:`prune.masks.global_masks`), so there is no per-weight count.
 * ``"erk"``: Erdős–Rényi-Kernel (:func:`erk_sparsities`, :func:`erk_zeros`).
+
+A new distribution is one :func:`register_distribution` call. Nothing here
+imports TensorFlow.
 
 To keep the first layer dense under ERK, leave it unpruned: as in rigl, a
 weight outside the group is simply not counted (rigl's ``custom_sparsity_map``
@@ -17,11 +24,21 @@ of ``{first_layer: 0.0}`` excludes it from the ERK equation the same way).
 
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-__all__ = ["uniform_zeros", "erk_sparsities", "erk_zeros", "configured_target"]
+__all__ = [
+    "Distribution",
+    "register_distribution",
+    "get_distribution",
+    "distributions",
+    "uniform_zeros",
+    "erk_sparsities",
+    "erk_zeros",
+    "configured_target",
+]
 
 
 def _check_sparsity(sparsity: float) -> float:
@@ -136,3 +153,108 @@ def erk_zeros(shapes: Mapping[str, tuple[int, ...]], sparsity: float, power_scal
                 f"cannot place {total} zeros in weights of sizes {sizes} without emptying one or filling a dense one"
             )
     return zeros
+
+
+# -- the registry ------------------------------------------------------------------------------------
+
+Select = Callable[[dict[str, np.ndarray], float, dict[str, np.ndarray], Any], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One way to spread a sparsity over weights.
+
+    Attributes:
+        name: Its one spelling (``scope=name``).
+        grouped: Whether the weights that use it are pruned together, as one
+            group per model (``global``, ``erk``), rather than each on its own.
+        select: ``select(scores, sparsity, previous, pattern) -> keep`` by
+            weight key; masks only shrink (``previous`` entries that are pruned
+            stay pruned), as :mod:`prune.masks` rules.
+        zeros: ``zeros(shapes, sparsity) -> {key: zeros}``, exact per weight,
+            for random masks (:func:`prune.sparse_init`); ``None`` where the
+            split follows the scores.
+        structured: Whether patterns whose units fix each group's sparsity
+            (N:M) may be used with it (only a per-weight one can).
+        configured: The engine hands it the configured target
+            (:func:`configured_target`), not the schedule's float32: ERK's
+            per-layer floors are sensitive to the last bits. The others keep
+            the float32, bit-compatible with tfmot's rounding.
+    """
+
+    name: str
+    grouped: bool
+    select: Select
+    zeros: Callable[[Mapping[str, tuple[int, ...]], float], dict[str, int]] | None = None
+    structured: bool = False
+    configured: bool = False
+
+
+_DISTRIBUTIONS: dict[str, Distribution] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register_distribution(distribution: Distribution, aliases: tuple[str, ...] = ()) -> None:
+    """Register ``distribution`` under its name (and old spellings in ``aliases``).
+
+    Raises:
+        ValueError: not a :class:`Distribution`, or a name or alias already taken by another one.
+    """
+    if not isinstance(distribution, Distribution):
+        raise ValueError(f"distribution must be a prune.distributions.Distribution, got {distribution!r}")
+    for name in (distribution.name, *aliases):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"distribution names must be non-empty strings, got {name!r}")
+        taken = _ALIASES.get(name, name if name in _DISTRIBUTIONS else None)
+        if taken is not None and taken != distribution.name:
+            raise ValueError(f"distribution name {name!r} is taken by {taken!r}")
+    _DISTRIBUTIONS[distribution.name] = distribution
+    _ALIASES.update({a: distribution.name for a in aliases})
+
+
+def distributions(with_zeros: bool = False) -> list[str]:
+    """Names of the registered distributions (with ``with_zeros``, those that give exact zeros per weight)."""
+    return [n for n, d in _DISTRIBUTIONS.items() if not with_zeros or d.zeros is not None]
+
+
+def get_distribution(name: str, what: str = "scope") -> Distribution:
+    """The distribution ``name`` (or an old spelling of it); an unknown name lists the valid ones.
+
+    Args:
+        name: A registered name or alias.
+        what: The argument's name, for the message.
+    """
+    key = _ALIASES.get(name, name) if isinstance(name, str) else name
+    if key not in _DISTRIBUTIONS:
+        aliases = ", ".join(f"{a!r} for {n!r}" for a, n in _ALIASES.items())
+        raise ValueError(f"unknown {what} {name!r}; valid: {list(_DISTRIBUTIONS)}" + (f" (aliases: {aliases})" if aliases else ""))
+    return _DISTRIBUTIONS[key]
+
+
+def _each(scores: dict[str, np.ndarray], sparsity: float, previous: dict[str, np.ndarray], pattern: Any) -> dict[str, np.ndarray]:
+    return {k: pattern.select(scores[k], sparsity, previous[k]) for k in scores}
+
+
+def _global(scores: dict[str, np.ndarray], sparsity: float, previous: dict[str, np.ndarray], pattern: Any) -> dict[str, np.ndarray]:
+    from prune import masks
+
+    return masks.global_masks(scores, sparsity, previous, pattern)
+
+
+def _erk(scores: dict[str, np.ndarray], sparsity: float, previous: dict[str, np.ndarray], pattern: Any) -> dict[str, np.ndarray]:
+    from prune import masks
+    from prune.patterns import Unstructured
+
+    if not pattern.has_units:
+        raise ValueError(f"pattern {pattern!r} fixes each group's sparsity and cannot be used with scope='erk'")
+    shapes = {k: tuple(v.shape) for k, v in scores.items()}
+    if isinstance(pattern, Unstructured):
+        zeros = erk_zeros(shapes, sparsity)  # exact in total
+        return {k: masks.topk_mask(scores[k], zeros[k] / scores[k].size, previous[k]) for k in scores}
+    per = erk_sparsities(shapes, sparsity)
+    return {k: pattern.select(scores[k], per[k], previous[k]) for k in scores}
+
+
+register_distribution(Distribution("layer", grouped=False, select=_each, zeros=uniform_zeros, structured=True), aliases=("uniform",))
+register_distribution(Distribution("global", grouped=True, select=_global))
+register_distribution(Distribution("erk", grouped=True, select=_erk, zeros=erk_zeros, configured=True))

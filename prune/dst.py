@@ -49,11 +49,12 @@ The masks here grow. The rule "masks only shrink" (:mod:`prune.masks`) is a
 rule of schedules: :func:`prune.update_masks` never revives an entry. Sparse
 training revives entries on purpose, through this module only.
 
-A ``SparseDense`` layer moves its structure through
-:meth:`~prune.layers.SparseDense.restructure`: new entries are stored with
-value +0.0 and zero slots, and its dense gradient (RigL) is computed at update
-steps only (:func:`dense_gradients`). Only the ``Unstructured()`` pattern takes
-part; a structured one is refused with the layer's name.
+Masks are read and installed through the mask-target protocol
+(:mod:`prune.targets`), so every prunable layer kind takes part: a
+``SparseDense`` layer moves its stored structure (new entries at +0.0 with zero
+slots), and its dense gradient (RigL) is computed at update steps only
+(:func:`prune.gradients.dense_gradients`). Only the ``Unstructured()`` pattern
+takes part; a structured one is refused with the layer's name.
 """
 
 from __future__ import annotations
@@ -65,14 +66,13 @@ from typing import Any, Callable, Mapping
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from prune import distributions as _dist
 from prune.driving import attach, detach
-from prune.optimizer_state import zero_slot_entries
-from prune.patterns import Unstructured, prune_lowest
-from prune.pruning import iter_layers
+from prune.gradients import batch_of, dense_gradients
+from prune.patterns import prune_lowest
 from prune.scoring import ScoreContext, get_criterion
+from prune.targets import require_targets
 
 __all__ = [
     "METHODS",
@@ -86,7 +86,12 @@ __all__ = [
 
 METHODS = ("set", "rigl")
 DECAYS = ("constant", "cosine")
-DISTRIBUTIONS = ("uniform", "erk")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DISTRIBUTIONS":  # the former tuple ("uniform", "erk"): the registry's distributions with exact zeros
+        return tuple(_dist.distributions(with_zeros=True))
+    raise AttributeError(f"module 'prune.dst' has no attribute {name!r}")
 
 
 # -- the arithmetic, on host arrays ----------------------------------------------
@@ -150,74 +155,7 @@ def drop_and_grow(
     return new.reshape(keep.shape)
 
 
-# -- the masked weights ----------------------------------------------------------------
-
-
-@dataclass
-class _Target:
-    key: str
-    layer: Any
-    weight: Any  # the trainable variable: a masked weight, or SparseDense's values
-    mask: Any = None  # the mask variable of a masked weight; None for SparseDense
-
-    def read(self) -> tuple[np.ndarray, np.ndarray]:
-        """Dense views of the weight and of its keep-mask."""
-        if self.mask is None:
-            return self.layer.to_dense(), self.layer.get_mask()
-        return np.asarray(self.weight.numpy()), np.asarray(self.mask.numpy()) != 0
-
-    def install(self, new: np.ndarray, old: np.ndarray, optimizer: Any) -> bool:
-        """Write a keep-mask that may grow; returns whether a traced train step must be retraced.
-
-        Grown and dropped entries get +0.0 and zero slots; the others keep
-        value and slots. ``SparseDense`` stores the new structure
-        (:meth:`prune.layers.SparseDense.restructure`).
-        """
-        if self.mask is None:
-            return bool(self.layer.restructure(new, optimizer))
-        stays = new & old
-        stays_t = tf.constant(stays)
-        value = tf.convert_to_tensor(self.weight.value)
-        self.weight.assign(tf.where(stays_t, value, tf.zeros_like(value)))  # tf.where: +0.0, never -0.0
-        zero_slot_entries(optimizer, self.weight, stays)
-        self.mask.assign(tf.cast(tf.constant(new), self.mask.dtype))
-        return False
-
-
-def _targets(model: Any, what: str) -> list[_Target]:
-    """Every prunable weight of the masked and ``SparseDense`` layers; refuses what cannot move."""
-    from prune.layers.masked import is_masked_layer
-    from prune.layers.sparse import SparseDense
-
-    out: list[_Target] = []
-    seen: dict[str, int] = {}
-
-    def add(key: str, layer: Any, weight: Any, mask: Any) -> None:
-        seen[key] = seen.get(key, 0) + 1
-        out.append(_Target(key if seen[key] == 1 else f"{key}#{seen[key]}", layer, weight, mask))
-
-    for layer in iter_layers(model):
-        sparse = isinstance(layer, SparseDense)
-        if not sparse and not is_masked_layer(layer):
-            continue
-        if not layer.built:
-            raise ValueError(f"{what}: layer {layer.name!r} is not built; build the model first (call it on a batch)")
-        if not isinstance(layer.pattern, Unstructured):
-            raise ValueError(
-                f"{what} moves single entries and needs pattern=Unstructured(); layer {layer.name!r} has {layer.pattern!r}"
-            )
-        if sparse:
-            add(f"{layer.name}/kernel", layer, layer.values, None)
-            continue
-        for name in layer.prunable_weight_names:
-            weight, mask = layer.weight_and_mask(name)
-            add(f"{layer.name}/{name}", layer, weight, mask)
-    if not out:
-        raise ValueError(
-            f"{what} found no masked or SparseDense layer in {getattr(model, 'name', model)!r}; "
-            "call prune.prune_low_magnitude first"
-        )
-    return out
+# -- the masked weights: the mask-target protocol (prune.targets) -----------------------------
 
 
 def _retrace(model: Any, retrace: bool) -> None:
@@ -260,7 +198,9 @@ def sparse_init(
         model: A built model with masked layers (:func:`prune.prune_low_magnitude`)
             or ``SparseDense`` layers.
         sparsity: Fraction of zeros, in [0, 1).
-        distribution: ``"uniform"`` or ``"erk"``.
+        distribution: A registered distribution with exact zeros per weight
+            (:func:`prune.distributions.distributions` with ``with_zeros=True``):
+            ``"layer"`` (also spelled ``"uniform"``) or ``"erk"``.
         seed: Seed of the positions.
         optimizer: Its slots are zeroed where the mask changes; default
             ``model.optimizer``. Slots an optimizer builds later start at its
@@ -276,94 +216,29 @@ def sparse_init(
     """
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float, np.floating)) or not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
-    if distribution not in DISTRIBUTIONS:
-        raise ValueError(f"distribution must be one of {list(DISTRIBUTIONS)}, got {distribution!r}")
+    dist = _dist.get_distribution(distribution, "distribution")
+    if dist.zeros is None:
+        raise ValueError(
+            f"distribution {distribution!r} splits zeros by scores, not at random; "
+            f"use one of {_dist.distributions(with_zeros=True)}"
+        )
     seed = _check_seed(seed)
-    targets = _targets(model, "sparse_init")
-    shapes = {t.key: tuple(t.read()[1].shape) for t in targets}  # dense shapes (SparseDense stores values flat)
-    zeros = _dist.uniform_zeros(shapes, sparsity) if distribution == "uniform" else _dist.erk_zeros(shapes, sparsity)
+    targets = require_targets(model, "sparse_init")
+    shapes = {t.key: t.shape for t in targets}  # dense shapes (SparseDense stores values flat)
+    zeros = dist.zeros(shapes, sparsity)
     plans = []
     for t in targets:
         scores = get_criterion("random")(ScoreContext(weight=np.zeros(shapes[t.key]), seed=seed, key=t.key))
         new = prune_lowest(scores.reshape(-1), np.ones(scores.size, bool), zeros[t.key]).reshape(shapes[t.key])
-        plans.append((t, new, t.read()[1]))
+        plans.append((t, new))
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     retrace = False
-    for t, new, old in plans:
-        retrace |= t.install(new, old, optimizer)
+    for t, new in plans:
+        retrace |= t.install(new, optimizer)
     for layer in {id(t.layer): t.layer for t in targets}.values():
         layer.pruning_schedule = None  # the mask is static now: no schedule may change it
     _retrace(model, retrace)
     return zeros
-
-
-def _dense_forward(layer: Any, w_dense: Any) -> Callable[..., Any]:
-    """``SparseDense``'s forward pass with a dense ``[n_in, n_out]`` weight, for one gradient pass."""
-
-    def call(inputs: Any, training: Any = None) -> Any:
-        x = tf.convert_to_tensor(inputs)
-        if x.dtype != w_dense.dtype:
-            x = tf.cast(x, w_dense.dtype)
-        shape = tf.shape(x)
-        y = tf.matmul(tf.reshape(x, [-1, layer.dense_shape[0]]), w_dense)  # its gradient: x^T . dy
-        y = tf.reshape(y, tf.concat([shape[:-1], [layer.units]], 0))
-        if layer.bias is not None:
-            y = y + layer.bias
-        return layer.activation(y) if layer.activation is not None else y
-
-    return call
-
-
-def dense_gradients(model: Any, x: Any, y: Any, loss: Any = None) -> dict[str, np.ndarray]:
-    """Dense gradients of every masked weight (w.r.t. ``weight * mask``) and ``SparseDense`` kernel.
-
-    RigL's grow score, computed at update steps only. For masked layers the
-    masks are set to ones for one forward and backward pass (inference mode)
-    and restored afterwards; since pruned weights are stored as +0.0, the
-    forward pass computes bitwise what it computes with the masks, and the
-    gradient of each stored weight is the gradient of the masked weight
-    (rigl's ``compute_gradients(loss, var_list=masked_weights)``). A
-    ``SparseDense`` layer runs that one pass with a dense weight scattered from
-    its values, whose gradient is the dense product ``x^T . dy``; no dense
-    weight is kept afterwards.
-
-    Args:
-        model: The model.
-        x, y: One batch.
-        loss: ``loss(y_true, y_pred) -> scalar``; default the compiled loss.
-
-    Returns:
-        ``{"layer/weight": gradient}`` as dense arrays.
-    """
-    if loss is None and getattr(model, "compiled_loss", None) is None and getattr(model, "loss", None) is None:
-        raise ValueError("dense_gradients needs loss=... or a compiled model (model.compile(loss=...))")
-    targets = _targets(model, "dense_gradients")
-    masked = [t for t in targets if t.mask is not None]
-    sparse = [t for t in targets if t.mask is None]
-    saved = [t.mask.numpy() for t in masked]
-    try:
-        with tf.GradientTape() as tape:
-            for t in masked:
-                t.mask.assign(tf.ones_like(t.mask.value))
-            dense_w = {}
-            for t in sparse:
-                layer = t.layer
-                dense_w[t.key] = tf.scatter_nd(layer.indices.value, layer.values.value, layer.dense_shape)
-                tape.watch(dense_w[t.key])
-                object.__setattr__(layer, "call", _dense_forward(layer, dense_w[t.key]))
-            y_pred = model(x, training=False)
-            value = loss(y, y_pred) if loss is not None else model.compute_loss(x=x, y=y, y_pred=y_pred, training=False)
-        sources = [t.weight if t.mask is not None else dense_w[t.key] for t in targets]
-        grads = tape.gradient(value, sources)
-    finally:
-        for t, m in zip(masked, saved):
-            t.mask.assign(m)
-        for t in sparse:
-            t.layer.__dict__.pop("call", None)
-    out = {}
-    for t, g in zip(targets, grads):
-        out[t.key] = np.zeros(t.read()[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g))
-    return out
 
 
 # -- the callback -------------------------------------------------------------------------
@@ -483,18 +358,18 @@ class DynamicSparsity(keras.callbacks.Callback):
         Returns:
             The entries added to :attr:`history`.
         """
-        targets = _targets(self.model, "DynamicSparsity")
+        targets = require_targets(self.model, "DynamicSparsity")
         fraction = self.fraction_at(step)
         reads = []
         for t in targets:
-            w, keep = t.read()
+            w, keep = t.weight, t.keep
             if not np.all(np.isfinite(w)):
                 raise ValueError(f"weight {t.key!r} has NaN or infinite entries; no mask was changed")
             reads.append((t, w, keep))
         grads: Mapping[str, np.ndarray] = {}
         if self.method == "rigl":
-            data = self._gradient_data() if callable(self._gradient_data) else self._gradient_data
-            grads = dense_gradients(self.model, data[0], data[1], loss=self._loss)
+            x, y = batch_of(self._gradient_data, "method 'rigl'")
+            grads = dense_gradients(self.model, x, y, loss=self._loss)
         plans = []
         for t, w, keep in reads:
             if self.method == "rigl":
@@ -509,7 +384,7 @@ class DynamicSparsity(keras.callbacks.Callback):
         optimizer = self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
         retrace = False
         for t, new, old, n in plans:
-            retrace |= t.install(new, old, optimizer)
+            retrace |= t.install(new, optimizer)
             records.append(
                 {
                     "step": int(step),
@@ -526,7 +401,7 @@ class DynamicSparsity(keras.callbacks.Callback):
         return records
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        targets = _targets(self.model, "DynamicSparsity")
+        targets = require_targets(self.model, "DynamicSparsity")
         self._step = int(targets[0].layer.pruning_step.numpy())
         self._started = True
         self._driven = list({id(t.layer): t.layer for t in targets}.values())

@@ -55,11 +55,12 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import tensorflow as tf
 
+from prune import distributions as _dist
 from prune import masks as _masks
 from prune._internals import optimizer_variables
-from prune.patterns import prune_lowest
-from prune.pruning import iter_layers
+from prune.patterns import Unstructured, prune_lowest
 from prune.scoring import ScoreContext, get_criterion
+from prune.targets import MaskTarget, iter_layers, require_targets
 
 __all__ = [
     "SCOPES",
@@ -74,7 +75,6 @@ __all__ = [
     "reset_optimizer",
 ]
 
-SCOPES = ("layer", "global")
 
 
 # -- the sparsity path, in exact arithmetic ------------------------------------------
@@ -160,13 +160,17 @@ def sparsity_path(target: float, rate: float, stops: Iterable[float] = ()) -> li
 # -- the masked weights ------------------------------------------------------------------
 
 
-def _targets(model: Any, what: str) -> list[Any]:
-    """The masked weights of ``model`` (``prune.dst``'s listing), refusing ``SparseDense``."""
-    from prune.dst import _targets as dst_targets
+def __getattr__(name: str) -> Any:
+    if name == "SCOPES":  # the former tuple: every registered distribution (prune.distributions)
+        return tuple(_dist.distributions())
+    raise AttributeError(f"module 'prune.lottery' has no attribute {name!r}")
 
-    targets = dst_targets(model, what)
+
+def _targets(model: Any, what: str) -> list[MaskTarget]:
+    """The masked weights of ``model`` (:func:`prune.targets.require_targets`), refusing ``SparseDense``."""
+    targets = require_targets(model, what)
     for t in targets:
-        if t.mask is None:
+        if not t.stores_dense:
             raise ValueError(
                 f"{what} supports masked layers only; layer {t.layer.name!r} is a SparseDense "
                 "(rewinding would have to grow its structure back); prune it with prune.prune_low_magnitude instead"
@@ -192,7 +196,7 @@ def snapshot(model: Any) -> dict[str, np.ndarray]:
 
 def current_masks(model: Any) -> dict[str, np.ndarray]:
     """The keep-masks (bool) of the masked weights, by key ``"layer/weight"``."""
-    return {t.key: t.read()[1] for t in _targets(model, "current_masks")}
+    return {t.key: t.keep for t in _targets(model, "current_masks")}
 
 
 def magnitude_masks(model: Any, sparsity: float, scope: str = "layer") -> dict[str, np.ndarray]:
@@ -219,19 +223,15 @@ def magnitude_masks(model: Any, sparsity: float, scope: str = "layer") -> dict[s
         ValueError: bad arguments, or a NaN or infinite weight (named).
     """
     _fraction("sparsity", sparsity)
-    if scope not in SCOPES:
-        raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
+    dist = _dist.get_distribution(scope)
     crit = get_criterion("magnitude")
     scores, previous = {}, {}
     for t in _targets(model, "magnitude_masks"):
-        weight, keep = t.read()
-        if not np.all(np.isfinite(weight)):
+        if not np.all(np.isfinite(t.weight)):
             raise ValueError(f"weight {t.key!r} has NaN or infinite entries; cannot prune by magnitude")
-        scores[t.key] = crit(ScoreContext(weight=weight, key=t.key))
-        previous[t.key] = keep
-    if scope == "global":
-        return _masks.global_masks(scores, float(sparsity), previous)
-    return _masks.layer_masks(scores, float(sparsity), previous)
+        scores[t.key] = crit(ScoreContext(weight=t.weight, key=t.key))
+        previous[t.key] = t.keep
+    return dist.select(scores, float(sparsity), previous, Unstructured())
 
 
 def _check_masks(name: str, masks: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
@@ -375,8 +375,8 @@ def rewind(model: Any, values: Mapping[str, Any], masks: Mapping[str, Any] | Non
         ValueError: keys, shapes or values that do not match the model.
     """
     targets = _targets(model, "rewind")
-    shapes = {t.key: tuple(t.weight.shape) for t in targets}
-    keep = _check_masks("masks", masks, shapes) if masks is not None else {t.key: t.read()[1] for t in targets}
+    shapes = {t.key: t.shape for t in targets}
+    keep = _check_masks("masks", masks, shapes) if masks is not None else {t.key: t.keep for t in targets}
     if not isinstance(values, Mapping):
         raise ValueError(f"values must be a mapping of variable path to array, got {type(values).__name__}")
     variables = {v.path: v for v in model.trainable_variables}
@@ -391,9 +391,9 @@ def rewind(model: Any, values: Mapping[str, Any], masks: Mapping[str, Any] | Non
         if not np.all(np.isfinite(a)):
             raise ValueError(f"values[{path!r}] has NaN or infinite entries")
         arrays[path] = a
-    mask_of = {t.weight.path: keep[t.key] for t in targets}
+    mask_of = {t.variable.path: keep[t.key] for t in targets}
     for t in targets:
-        t.install(keep[t.key], t.read()[1], optimizer)  # mask, and slots zeroed where the mask changes
+        t.install(keep[t.key], optimizer)  # mask, and slots zeroed where the mask changes
     for path, v in variables.items():
         value = tf.constant(arrays[path], dtype=v.dtype)
         if path in mask_of:

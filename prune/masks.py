@@ -35,26 +35,12 @@ __all__ = [
     "register_criterion",
     "get_criterion",
     "criteria",
-    "SCOPES",
-    "check_scope",
     "num_zeros",
     "topk_mask",
     "layer_masks",
     "global_masks",
     "validate_mask",
 ]
-
-SCOPES = ("layer", "global", "erk")
-"""``"layer"``: each weight at the scheduled sparsity; ``"global"``: one threshold
-over the group; ``"erk"``: Erdős–Rényi-Kernel sparsities (:mod:`prune.distributions`)."""
-
-
-def check_scope(scope: str) -> str:
-    """Validate a scope name ('layer' or 'global')."""
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}; valid scopes: {list(SCOPES)}")
-    return scope
-
 
 def num_zeros(sparsity: float, n: int) -> int:
     """Exactly how many zeros ``n`` entries get at ``sparsity``: ``round(sparsity * n)``."""

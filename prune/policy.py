@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable
 
 import keras
 
+from prune._internals import inbound_nodes, keras_producer, outbound_nodes
+
 __all__ = ["PruningPolicy", "PruneForLatencyOnXNNPack"]
 
 
@@ -37,7 +39,7 @@ class PruningPolicy(abc.ABC):
 
 
 def _layer_of(tensor: Any) -> Any:
-    return tensor._keras_history.operation
+    return keras_producer(tensor)
 
 
 def _members(model: Any) -> set[int]:
@@ -55,7 +57,7 @@ def _members(model: Any) -> set[int]:
 
 
 def _producers(layer: Any, members: set[int]) -> set[Any]:
-    found = {_layer_of(t) for node in layer._inbound_nodes for t in node.input_tensors}
+    found = {_layer_of(t) for node in inbound_nodes(layer) for t in node.input_tensors}
     return {p for p in found if id(p) in members}
 
 
@@ -63,7 +65,7 @@ def _consumers(layer: Any, members: set[int]) -> list[Any]:
     def unpack(consumer: Any) -> Any:  # a nested Sequential is looked at through its first layer
         return unpack(consumer.layers[0]) if isinstance(consumer, keras.Sequential) else consumer
 
-    return [unpack(node.operation) for node in layer._outbound_nodes if id(node.operation) in members]
+    return [unpack(node.operation) for node in outbound_nodes(layer) if id(node.operation) in members]
 
 
 def _lookup(sources: Iterable[Any], stop: Callable[[Any], bool], step: Callable[[Any], Iterable[Any]]) -> set[Any]:

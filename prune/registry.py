@@ -12,6 +12,7 @@ from typing import Any
 
 import keras
 
+from prune._internals import sublayers
 from prune.layers.masked import (
     MaskedConv1D,
     MaskedConv2D,
@@ -82,7 +83,7 @@ def masked_class_for(layer: Any) -> type | None:
 
 
 def _children(layer: Any) -> list[Any]:
-    return list(getattr(layer, "_layers", None) or [])
+    return sublayers(layer)
 
 
 def _has_prunable(layer: Any) -> bool:

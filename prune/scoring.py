@@ -173,9 +173,9 @@ def register_criterion(name: str, fn: Callable[[ScoreContext], np.ndarray], need
     _CRITERIA[name] = Criterion(name, fn, tuple(needs))
 
 
-def criteria() -> list[str]:
-    """Names of the registered criteria."""
-    return sorted(_CRITERIA)
+def criteria(needs: str | None = None) -> list[str]:
+    """Names of the registered criteria; with ``needs`` (``"gradient"``, ``"slots"``), those that need it."""
+    return sorted(name for name, c in _CRITERIA.items() if needs is None or needs in c.needs)
 
 
 def get_criterion(name: str) -> Criterion:

@@ -33,7 +33,8 @@ import numpy as np
 import tensorflow as tf
 
 from prune.scoring import get_criterion
-from prune.pruning import compute_gradients, prunable_entries, prunable_layers, stepped_layers, update_masks
+from prune.gradients import batch_of, compute_gradients
+from prune.pruning import prunable_entries, prunable_layers, stepped_layers, update_masks
 from prune.driving import attach, detach, guard_compiled_step, notify
 
 __all__ = ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"]
@@ -178,14 +179,10 @@ class UpdatePruningStep(keras.callbacks.Callback):
         step += self._offset  # the step the schedules are asked about (see step_alignment)
         gradients = None
         entries = prunable_entries(self.model)
-        if any("gradient" in get_criterion(e.criterion).needs for e in entries):
-            firing = any(e.schedule.should_update(step) for e in entries)
-            if firing:
-                if self._gradient_data is None:
-                    names = sorted({e.criterion for e in entries if "gradient" in get_criterion(e.criterion).needs})
-                    raise ValueError(f"criteria {names} need gradients: pass gradient_data=(x, y) to UpdatePruningStep")
-                data = self._gradient_data() if callable(self._gradient_data) else self._gradient_data
-                gradients = compute_gradients(self.model, data[0], data[1], loss=self._loss)
+        needing = sorted({e.criterion for e in entries if "gradient" in get_criterion(e.criterion).needs})
+        if needing and any(e.schedule.should_update(step) for e in entries):
+            x, y = batch_of(self._gradient_data, f"criteria {needing}")
+            gradients = compute_gradients(self.model, x, y, loss=self._loss)
         result = update_masks(self.model, step, self._optim(), gradients=gradients)
         if result.retrace and getattr(self.model, "train_function", None) is not None:
             self.model.make_train_function(force=True)

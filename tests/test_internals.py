@@ -126,3 +126,65 @@ def test_in_xla_context_is_true_only_while_tracing_for_xla():
     tf.function(probe)(tf.constant(1.0))
     probe(tf.constant(1.0))
     assert seen == [True, False, False]
+
+
+def test_sublayers_lists_tracked_layers_of_models_blocks_and_rnns():
+    class Block(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = keras.layers.Dense(2), keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.b(self.a(x))
+
+    block = Block()
+    model = keras.Sequential([keras.Input((4,)), block])
+    assert internals.sublayers(model)[-1] is block and model.layers == [block]  # Sequential also tracks its InputLayer
+    assert internals.sublayers(block) == [block.a, block.b]
+    assert internals.has_sublayers(block) and not internals.has_sublayers(block.a)
+    lstm = keras.layers.LSTM(2)
+    lstm(np.ones((1, 5, 4), "float32"))
+    assert internals.sublayers(lstm) == [lstm.cell]
+
+
+def test_own_variables_are_what_save_own_variables_writes_in_order():
+    layer = keras.layers.BatchNormalization()
+    layer.build((None, 3))
+    store: dict = {}
+    layer.save_own_variables(store)
+    own = internals.own_variables(layer)
+    assert len(own) == len(store) == 4
+    for i, v in enumerate(own):
+        np.testing.assert_array_equal(np.asarray(store[str(i)]), v.numpy())
+    assert [v.trainable for v in own] == [True, True, False, False]
+
+
+def test_override_call_reroutes_one_layer_and_restores_it():
+    layer = keras.layers.Dense(2, kernel_initializer="ones")
+    x = np.ones((1, 3), "float32")
+    before = np.asarray(layer(x))
+    with internals.override_call(layer, lambda inputs, training=None: inputs[:, :2] * 0.0 + 7.0):
+        np.testing.assert_array_equal(np.asarray(layer(x)), [[7.0, 7.0]])
+    np.testing.assert_array_equal(np.asarray(layer(x)), before)
+    assert "call" not in vars(layer)
+
+
+def test_graph_walk_producers_inbound_and_outbound_nodes():
+    inp = keras.Input((4,))
+    a = keras.layers.Dense(3, name="a")
+    b = keras.layers.Dense(2, name="b")
+    out = b(a(inp))
+    keras.Model(inp, out)
+    assert internals.keras_producer(out) is b
+    assert [internals.keras_producer(t) for node in internals.inbound_nodes(b) for t in node.input_tensors] == [a]
+    assert [node.operation for node in internals.outbound_nodes(a)] == [b]
+
+
+def test_private_weight_is_the_variable_behind_the_public_property():
+    dense = keras.layers.Dense(2)
+    dense.build((None, 3))
+    assert internals.private_weight(dense, "kernel") is dense.kernel
+    emb = keras.layers.Embedding(5, 2)
+    emb.build((None,))
+    assert internals.private_weight(emb, "embeddings") is emb.embeddings
+    assert internals.private_weight(dense, "nothing") is None

@@ -113,12 +113,23 @@ def test_pruned_entries_stay_pruned_at_the_next_level():
 
 def test_magnitude_masks_refuse_bad_input():
     model = _tiny()
-    with pytest.raises(ValueError, match="scope must be one of"):
-        lottery.magnitude_masks(model, 0.5, scope="erk")
+    with pytest.raises(ValueError, match=r"unknown scope 'gaussian'; valid: \['layer', 'global', 'erk'\]"):
+        lottery.magnitude_masks(model, 0.5, scope="gaussian")
     with pytest.raises(ValueError, match="sparsity must be in"):
         lottery.magnitude_masks(model, 1.0)
     with pytest.raises(ValueError, match="no masked or SparseDense layer"):
         lottery.magnitude_masks(mlp(), 0.5)
+
+
+def test_magnitude_masks_take_every_registered_distribution():
+    """The level's masks come from the distribution registry: ERK gives its exact counts per weight, like the engine."""
+    from prune import distributions
+
+    model = _tiny()
+    shapes = {t.key: t.shape for t in prune.targets.mask_targets(model)}
+    keep = lottery.magnitude_masks(model, 0.5, scope="erk")
+    assert {k: int((~m).sum()) for k, m in keep.items()} == distributions.erk_zeros(shapes, 0.5)
+    assert lottery.SCOPES == ("layer", "global", "erk")
 
 
 # -- rewinding ---------------------------------------------------------------------------------------

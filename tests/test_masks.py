@@ -79,8 +79,11 @@ def test_unknown_criterion_lists_valid():
 
 
 def test_unknown_scope():
-    with pytest.raises(ValueError, match=r"unknown scope 'model'"):
-        masks.check_scope("model")
+    from prune.distributions import get_distribution
+
+    with pytest.raises(ValueError, match=r"unknown scope 'model'; valid: \['layer', 'global', 'erk'\]"):
+        get_distribution("model")
+    assert get_distribution("uniform").name == "layer"  # the old spelling of sparse_init
 
 
 def test_sparsity_out_of_range():

@@ -28,8 +28,9 @@ together.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import keras
 import numpy as np
@@ -37,12 +38,13 @@ import tensorflow as tf
 from keras import ops
 
 from prune import masks as _masks
-from prune._internals import input_shape_arg
+from prune.distributions import get_distribution
+from prune._internals import input_shape_arg, private_weight
 from prune.driving import require_driver
 from prune.notices import PruningWarning
 from prune.optimizer_state import zero_slot_entries
 from prune.patterns import Pattern, as_pattern, serialize_pattern
-from prune.pruning import PruningEntry
+from prune.targets import MaskTarget
 from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
 
 __all__ = [
@@ -79,8 +81,8 @@ class PrunableLayer:
       :class:`PruneLowMagnitude`, which keeps the masks and feeds the layer
       ``weight * mask`` in its forward pass.
 
-    Every masked layer answers the engine's protocol
-    (:meth:`pruning_entries`, see :mod:`prune.pruning`).
+    Every masked layer answers the mask-target protocol
+    (:meth:`mask_targets`, see :mod:`prune.targets`).
 
     Args:
         pruning_schedule: A schedule (ours, tfmot's, or a config dict), or
@@ -139,8 +141,8 @@ class PrunableLayer:
             self.pattern.check(tuple(self._weight(name).shape), f"{self.name}.{name}")
 
     def _weight(self, name: str) -> Any:
-        private = getattr(self, f"_{name}", None)  # Dense/Embedding keep the variable in _kernel/_embeddings
-        return private if isinstance(private, keras.Variable) else getattr(self, name)
+        private = private_weight(self, name)  # Dense/Embedding keep the variable in _kernel/_embeddings
+        return private if private is not None else getattr(self, name)
 
     def advance_step(self, training: Any) -> None:
         """Count one training step, inside the compiled step (no eager op per batch).
@@ -163,20 +165,20 @@ class PrunableLayer:
         """The pruned variables (tfmot's ``PrunableLayer`` interface)."""
         return [self._weight(n) for n in self.prunable_weight_names]
 
-    def pruning_entries(self) -> list[PruningEntry]:
-        """One :class:`prune.pruning.PruningEntry` per prunable weight (the engine's protocol)."""
+    @property
+    def takes_mask_targets(self) -> bool:
+        """Whether this layer carries masks (:func:`is_masked_layer`), so answers :meth:`mask_targets` once built."""
+        return is_masked_layer(self)
+
+    def mask_targets(self) -> list[MaskTarget]:
+        """One :class:`prune.targets.MaskTarget` per prunable weight (the mask-target protocol)."""
         if not is_masked_layer(self):
             return []
         out = []
         for name in self.prunable_weight_names:
             weight, mask_var = self.weight_and_mask(name)
-
-            def apply(keep: np.ndarray, optimizer: Any, weight: Any = weight, mask_var: Any = mask_var) -> bool:
-                apply_mask(weight, mask_var, keep, optimizer)
-                return False
-
             out.append(
-                PruningEntry(
+                MaskTarget(
                     key=f"{self.name}/{name}",
                     layer=self,
                     variable=weight,
@@ -184,12 +186,10 @@ class PrunableLayer:
                         np.asarray(weight.numpy()),
                         np.asarray(mask_var.numpy()) != 0,
                     ),
-                    schedule=self.pruning_schedule,
-                    pattern=self.pattern,
-                    criterion=self.criterion,
-                    scope=self.scope,
-                    seed=self.seed,
-                    apply=apply,
+                    writer=lambda keep, optimizer, weight=weight, mask_var=mask_var: install_mask(
+                        weight, mask_var, keep, optimizer
+                    ),
+                    dense_pass=lambda weight=weight, mask_var=mask_var: _unmasked(weight, mask_var),
                 )
             )
         return out
@@ -217,7 +217,7 @@ class PrunableLayer:
             raise ValueError(f"layer {self.name!r} must be built before set_mask")
         weight, mask_var = self.weight_and_mask(name)
         keep = _masks.validate_mask(mask, tuple(weight.shape), name=f"mask for {self.name}.{name}")
-        apply_mask(weight, mask_var, keep, optimizer)
+        install_mask(weight, mask_var, keep, optimizer)
 
     # -- serialisation -----------------------------------------------------
     # Dense/Embedding/Conv override these to store only kernel and bias (for
@@ -258,10 +258,10 @@ def check_pruning_args(pattern: Any, criterion: str, scope: str, seed: Any) -> P
     """
     pattern = as_pattern(pattern)
     _masks.get_criterion(criterion)
-    _masks.check_scope(scope)
-    if not pattern.has_units and scope != "layer":
+    dist = get_distribution(scope)
+    if not pattern.has_units and not dist.structured:
         raise ValueError(f"pattern {pattern!r} fixes the sparsity of every group and needs scope='layer', got scope={scope!r}")
-    if getattr(pattern, "keep_one", False) and scope != "layer":
+    if getattr(pattern, "keep_one", False) and dist.grouped:
         raise ValueError(f"keep_one=True of pattern {pattern!r} is tfmot's rule per weight and needs scope='layer', got scope={scope!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
@@ -338,14 +338,42 @@ def copy_or_share(layer: Any, make_copy: Any) -> Any:
         return layer
 
 
-def apply_mask(weight: Any, mask_var: Any, keep: np.ndarray, optimizer: Any = None) -> None:
-    """Write ``keep`` into ``mask_var``, set pruned weight entries to +0.0, zero their slots."""
+def install_mask(weight: Any, mask_var: Any, keep: np.ndarray, optimizer: Any = None) -> bool:
+    """Write any keep-mask into ``mask_var``: entries that stay keep value and slots; the others are +0.0, slots zeroed.
+
+    An entry that grows (kept now, pruned before) starts at +0.0 with zeroed
+    slots, as sparse training and IMP's controls need; under a schedule the
+    mask only shrinks, and this is just the pruning of the dropped entries.
+    Returns False: a masked layer's variables never change shape, so no
+    traced step needs retracing.
+    """
     keep = np.asarray(keep, dtype=bool)
-    keep_t = tf.constant(keep)
-    mask_var.assign(tf.cast(keep_t, mask_var.dtype))
+    stays = keep & (np.asarray(mask_var.numpy()) != 0)
+    stays_t = tf.constant(stays)
     value = tf.convert_to_tensor(weight.value)
-    weight.assign(tf.where(keep_t, value, tf.zeros_like(value)))
-    zero_slot_entries(optimizer, weight, keep)
+    weight.assign(tf.where(stays_t, value, tf.zeros_like(value)))  # tf.where: +0.0, never -0.0
+    zero_slot_entries(optimizer, weight, stays)
+    mask_var.assign(tf.cast(tf.constant(keep), mask_var.dtype))
+    return False
+
+
+apply_mask = install_mask
+"""The former name of :func:`install_mask` (same behaviour for masks that shrink)."""
+
+
+@contextlib.contextmanager
+def _unmasked(weight: Any, mask_var: Any) -> Iterator[Any]:
+    """The masks set to ones for one forward pass: the weight's gradient is then the dense gradient.
+
+    Pruned weights are stored as +0.0, so the forward pass computes bitwise
+    what it computes with the mask; the mask is restored on leaving.
+    """
+    saved = mask_var.numpy()
+    mask_var.assign(tf.ones_like(mask_var.value))
+    try:
+        yield weight
+    finally:
+        mask_var.assign(saved)
 
 
 def _reject_lora_and_quantization(layer: Any) -> None:

@@ -46,10 +46,11 @@ Alternatives rejected: a full-size ``values`` with a mask (memory does not
 fall); replacing variables at every update (the optimizer would lose track of
 them and every update would force a retrace).
 
-Mask updates: ``SparseDense`` answers the pruning engine's protocol
-(:meth:`SparseDense.pruning_entries`, see :mod:`prune.pruning`): it presents
+Mask updates: ``SparseDense`` answers the mask-target protocol
+(:meth:`SparseDense.mask_targets`, see :mod:`prune.targets`): it presents
 the dense view of its weight (absent entries are zeros and count as already
-pruned) and applies a new keep-mask by :meth:`SparseDense.compact`. So
+pruned) and installs a new keep-mask by :meth:`SparseDense.restructure`
+(the engine's masks only shrink: that drops entries). So
 :func:`prune.update_masks` and :class:`prune.UpdatePruningStep` drive it
 exactly as they drive masked layers, with every criterion, pattern and scope
 (a masked-dense model and a ``SparseDense`` model pruned alike select the
@@ -67,20 +68,21 @@ step when its result has ``retrace=True``.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from prune._internals import backing_variable, set_backing_variable, set_variable_shape
+from prune._internals import backing_variable, override_call, own_variables, set_backing_variable, set_variable_shape
 from prune import kernels, native
 from prune.driving import require_driver
 from prune import masks as _masks
 from prune.layers.masked import check_pruning_args
 from prune.optimizer_state import slots_for
 from prune.patterns import Pattern, serialize_pattern
-from prune.pruning import PruningEntry, iter_layers
+from prune.targets import MaskTarget, iter_layers
 from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
 
 __all__ = ["SparseDense", "sparse_layers"]
@@ -434,6 +436,8 @@ class SparseDense(keras.layers.Layer):
         arr = np.asarray(keep)
         if arr.shape == (self.nnz,) and arr.shape != tuple(self.dense_shape):
             entries = _masks.validate_mask(arr, (self.nnz,), name="keep")
+            dense = np.zeros(self.dense_shape, dtype=bool)
+            dense[idx[entries, 0], idx[entries, 1]] = True
         else:
             dense = _masks.validate_mask(arr, tuple(self.dense_shape), name="keep")
             entries = dense[idx[:, 0], idx[:, 1]]
@@ -442,12 +446,7 @@ class SparseDense(keras.layers.Layer):
                     f"keep for {self.name!r} keeps {int(dense.sum()) - int(entries.sum())} entries that are not "
                     "stored; a SparseDense can only drop entries"
                 )
-        positions = np.flatnonzero(entries)
-        slots = slots_for(optimizer, self.values)
-        replaced = self._set_structure(idx[positions], self.values.numpy()[positions])
-        for slot in slots:
-            replaced |= _make_dynamic(slot, tf.gather(slot.value, positions))
-        return replaced
+        return self.restructure(dense, optimizer)
 
     def restructure(self, keep: Any, optimizer: Any = None) -> bool:
         """Install a structure that may also grow (sparse training, :mod:`prune.dst`).
@@ -488,9 +487,11 @@ class SparseDense(keras.layers.Layer):
             replaced |= _make_dynamic(slot, carry(slot.numpy()))
         return replaced
 
-    # -- the pruning engine's protocol (prune.pruning) ---------------------------------
-    def pruning_entries(self) -> list[PruningEntry]:
-        """The weight as one :class:`prune.pruning.PruningEntry`: its dense view, compacted on apply."""
+    # -- the mask-target protocol (prune.targets) ------------------------------------
+    takes_mask_targets = True
+
+    def mask_targets(self) -> list[MaskTarget]:
+        """The weight as one :class:`prune.targets.MaskTarget`: its dense view, restructured on install."""
 
         def to_dense(values: np.ndarray) -> np.ndarray:
             self._sync_shapes()
@@ -500,20 +501,40 @@ class SparseDense(keras.layers.Layer):
             return dense
 
         return [
-            PruningEntry(
+            MaskTarget(
                 key=f"{self.name}/kernel",
                 layer=self,
                 variable=self.values,
                 read=lambda: (self.to_dense(), self.get_mask()),
-                schedule=self.pruning_schedule,
-                pattern=self.pattern,
-                criterion=self.criterion,
-                scope=self.scope,
-                seed=self.seed,
-                apply=self.compact,
+                writer=self.restructure,
                 to_dense=to_dense,
+                stores_dense=False,
+                dense_pass=self._dense_pass,
             )
         ]
+
+    @contextlib.contextmanager
+    def _dense_pass(self) -> Iterator[Any]:
+        """One forward pass with a dense ``[n_in, n_out]`` weight scattered from the values; yields that weight.
+
+        Its gradient is the dense product ``x^T . dy`` (RigL's grow score); no
+        dense weight is kept afterwards.
+        """
+        w_dense = tf.scatter_nd(self.indices.value, self.values.value, self.dense_shape)
+
+        def call(inputs: Any, training: Any = None) -> Any:
+            x = tf.convert_to_tensor(inputs)
+            if x.dtype != w_dense.dtype:
+                x = tf.cast(x, w_dense.dtype)
+            shape = tf.shape(x)
+            y = tf.matmul(tf.reshape(x, [-1, self.dense_shape[0]]), w_dense)
+            y = tf.reshape(y, tf.concat([shape[:-1], [self.units]], 0))
+            if self.bias is not None:
+                y = y + self.bias
+            return self.activation(y) if self.activation is not None else y
+
+        with override_call(self, call):
+            yield w_dense
 
     # -- serialisation ---------------------------------------------------------------
     def save_own_variables(self, store: Any) -> None:
@@ -522,7 +543,7 @@ class SparseDense(keras.layers.Layer):
     def load_own_variables(self, store: Any) -> None:
         # Lengths may differ from the placeholder built from config (e.g. a
         # checkpoint of another sparsity): reassign with the stored shapes.
-        all_vars = self._trainable_variables + self._non_trainable_variables
+        all_vars = own_variables(self)
         # Files saved before native_structure existed lack that last variable: it is derived, so rebuild it.
         if len(store.keys()) not in (len(all_vars), len(all_vars) - 1):
             raise ValueError(f"layer {self.name!r} expected {len(all_vars)} variables, the store has {len(store.keys())}")

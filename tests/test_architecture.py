@@ -1,0 +1,140 @@
+"""The code base's shape: no import circle, private Keras access in one module, a TensorFlow-free engine.
+
+Static checks over the source (``ast``), so they hold for every module whether a test imports it or not.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ["prune"]
+
+
+def _modules(package: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str], lazy: bool) -> set[str]:
+    """Modules of ``known`` that ``name`` imports: at import time (top-level statements), or anywhere (``lazy``)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+    def visit(nodes: list[Any]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names)
+            elif not lazy and isinstance(node, ast.If) and not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                visit(node.body + node.orelse)
+            elif not lazy and isinstance(node, ast.Try):
+                visit(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
+
+    visit(list(ast.walk(tree)) if lazy else tree.body)
+    return {m for m in found if m in known and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def _graph(lazy: bool) -> dict[str, set[str]]:
+    modules = {n: p for pkg in PACKAGES for n, p in _modules(pkg).items()}
+    graph = {}
+    for name, path in modules.items():
+        deps = _imports(name, path, set(modules), lazy)
+        # importing a submodule runs its parent packages first: a package and its modules are not a circle
+        graph[name] = {d for d in deps if not name.startswith(d + ".") and d not in PACKAGES}
+    return graph
+
+
+def test_no_import_circle_even_through_lazy_imports():
+    """No module needs, at import time or later in a function, a module that needs it back."""
+    assert _cycles(_graph(lazy=False)) == []
+    assert _cycles(_graph(lazy=True)) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _private_names_of_internals() -> set[str]:
+    """The private Keras/TensorFlow attribute names prune/_internals.py touches (attributes and getattr strings)."""
+    tree = ast.parse((ROOT / "prune" / "_internals.py").read_text())
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+             and not n.attr.startswith("__")}
+    names |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+              and re.fullmatch(r"_[a-z][a-z_]*", n.value)}
+    return names
+
+
+def test_private_keras_access_only_in_internals():
+    """No module but prune/_internals.py reads or writes the private attributes it wraps, or patches a layer's call."""
+    private = _private_names_of_internals()
+    assert {"_layers", "_trainable_variables", "_non_trainable_variables", "_keras_history", "_value"} <= private
+    offenders = []
+    for name, path in _modules("prune").items():
+        if name == "prune._internals":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "getattr", "hasattr", "setattr", "__setattr__"
+            ):
+                strings = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                hits = [s for s in strings if s in private or s == "call"]
+                hits += [a.values[0].value for a in node.args if isinstance(a, ast.JoinedStr) and a.values  # f"_{name}"
+                         and isinstance(a.values[0], ast.Constant) and str(a.values[0].value).startswith("_")]
+                if hits:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {hits}")
+    assert offenders == []
