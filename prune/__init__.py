@@ -3,6 +3,16 @@
 Schedules produce binary masks stored beside the weights; a masked training
 step keeps pruned weights at exactly zero under every optimizer.
 
+``import prune`` imports no TensorFlow and no Keras: the engine (schedules,
+patterns, criteria, distributions, mask selection, mask targets) is NumPy
+only, and the rest loads on first use of one of its names (PEP 562), so the
+experiment runner's main process can read the library's registries. Once
+Keras is imported, by the user or by prune, prune's layer classes register
+themselves with Keras's serialisation (a ``.keras`` file holding them loads
+after ``import prune``), and once TensorFlow is imported a native op library
+already built for this machine is loaded (a saved graph holding its ops
+loads); see :mod:`prune._lazy`.
+
 ``import prune`` never imports tensorflow_model_optimization: importing tfmot
 sets ``TF_USE_LEGACY_KERAS=1`` for the whole process. tfmot is only touched in
 :mod:`prune.interop`, lazily, and its baseline runs in a separate process.
@@ -18,97 +28,76 @@ graph; set ``TF_ENABLE_ONEDNN_SPMM=0`` to keep Eigen's kernel.
 """
 
 import os as _os
+import sys as _sys
+import types as _types
 
 _os.environ.setdefault("TF_ENABLE_ONEDNN_SPMM", "1")
 
-from prune import embeddings, export, lottery
-from prune.dst import DynamicSparsity, dense_gradients, sparse_init
-from prune.convert import ConversionWarning, convert, unconvertible_layers
+from prune import _lazy
 from prune.notices import PruningWarning
-from prune.api import is_pruned, prune_low_magnitude, strip_pruning, unsupported_layers
-from prune.freezing import (
-    CapRowNorm,
-    DropRows,
-    FrozenEntries,
-    LazyAdam,
-    entry_stop_gradients,
-    freeze_entries,
-    transform_slices,
-)
-from prune.scoring import ScoreContext, criteria, register_criterion
-from prune.layers.masked import PrunableLayer, PruneLowMagnitude
 from prune.patterns import Block, Channel, NByM, Unstructured
-from prune.pruning import compute_gradients, get_step, prunable_layers, update_masks
-from prune.registry import register_prunable
-from prune.report import sparsity_report
-from prune.shrink import shrink, shrink_report
-from prune.layers import masked_more as _masked_more  # registers Conv3D, transposed and separable convs, MHA, RNNs
-from prune.policy import PruneForLatencyOnXNNPack, PruningPolicy
-from prune.summaries import PruningSummaries, prune_scope
-from prune.schedules import (
-    ConstantSparsity,
-    OneShot,
-    PolynomialDecay,
-    PruningSchedule,
-    register_schedule,
-)
-from prune.training import UpdatePruningStep, apply_masked_gradients, mask_gradients
-
-from prune import native as _native
-
-_native.load_if_built()  # registers PruneSpmm/PruneSddmm for saved graphs, if built here before (never compiles)
+from prune.schedules import ConstantSparsity, OneShot, PolynomialDecay, PruningSchedule, register_schedule
+from prune.scoring import ScoreContext, criteria, register_criterion
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Block",
-    "Channel",
-    "ConversionWarning",
-    "DynamicSparsity",
-    "NByM",
-    "PruneLowMagnitude",
-    "PruningWarning",
-    "ScoreContext",
-    "Unstructured",
-    "compute_gradients",
-    "convert",
-    "dense_gradients",
-    "unconvertible_layers",
-    "CapRowNorm",
-    "DropRows",
-    "FrozenEntries",
-    "LazyAdam",
-    "embeddings",
-    "export",
-    "lottery",
-    "entry_stop_gradients",
-    "freeze_entries",
-    "transform_slices",
-    "ConstantSparsity",
-    "OneShot",
-    "PolynomialDecay",
-    "PruningSchedule",
-    "PrunableLayer",
-    "PruneForLatencyOnXNNPack",
-    "PruningPolicy",
-    "PruningSummaries",
-    "prune_scope",
-    "UpdatePruningStep",
-    "apply_masked_gradients",
-    "criteria",
-    "get_step",
-    "is_pruned",
-    "mask_gradients",
-    "prunable_layers",
-    "prune_low_magnitude",
-    "register_criterion",
-    "register_prunable",
-    "register_schedule",
-    "shrink",
-    "sparse_init",
-    "shrink_report",
-    "sparsity_report",
-    "strip_pruning",
-    "unsupported_layers",
-    "update_masks",
-]
+_KERAS_SIDE = {
+    "prune.dst": ["DynamicSparsity", "dense_gradients", "sparse_init"],
+    "prune.convert": ["ConversionWarning", "convert", "unconvertible_layers"],
+    "prune.api": ["is_pruned", "prune_low_magnitude", "strip_pruning", "unsupported_layers"],
+    "prune.freezing": ["CapRowNorm", "DropRows", "FrozenEntries", "LazyAdam", "entry_stop_gradients", "freeze_entries",
+                       "transform_slices"],
+    "prune.layers.masked": ["PrunableLayer", "PruneLowMagnitude"],
+    "prune.pruning": ["compute_gradients", "get_step", "prunable_layers", "update_masks"],
+    "prune.registry": ["register_prunable"],
+    "prune.report": ["sparsity_report"],
+    "prune.shrink": ["shrink", "shrink_report"],
+    "prune.policy": ["PruneForLatencyOnXNNPack", "PruningPolicy"],
+    "prune.summaries": ["PruningSummaries", "prune_scope"],
+    "prune.training": ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"],
+}
+"""Names loaded on first use, by the module that defines them (they import TensorFlow and Keras)."""
+_LAZY = {name: module for module, names in _KERAS_SIDE.items() for name in names}
+_SUBMODULES = ("embeddings", "export", "lottery")
+"""Submodules that ``import prune`` used to import, reachable as attributes (``prune.lottery``) on first use."""
+
+__all__ = sorted(
+    ["PruningWarning", "Block", "Channel", "NByM", "Unstructured", "ConstantSparsity", "OneShot", "PolynomialDecay",
+     "PruningSchedule", "register_schedule", "ScoreContext", "criteria", "register_criterion", *_LAZY, *_SUBMODULES]
+)
+
+
+class _Package(_types.ModuleType):
+    """``prune``'s module type: importing the submodule ``prune.convert`` (or ``prune.shrink``) must not replace the
+    function of the same name, which ``import prune`` used to bind after importing the submodule."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _SHADOWED and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_SHADOWED = {name for name in _LAZY if name in ("convert", "shrink")}
+
+
+def __getattr__(name: str) -> object:
+    import importlib
+    import importlib.util
+
+    _lazy.settle()
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES or (not name.startswith("_") and importlib.util.find_spec(f"prune.{name}") is not None):
+        value = importlib.import_module(f"prune.{name}")  # any submodule, as when import prune imported them all
+    else:
+        raise AttributeError(f"module 'prune' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+_sys.modules[__name__].__class__ = _Package
+_lazy.install()

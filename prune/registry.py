@@ -13,6 +13,7 @@ from typing import Any
 import keras
 
 from prune._internals import sublayers
+from prune._lazy import settle
 from prune.layers.masked import (
     MaskedConv1D,
     MaskedConv2D,
@@ -75,6 +76,7 @@ def masked_class_for(layer: Any) -> type | None:
     ``None`` too when the masked class has a ``can_prune(layer)`` classmethod
     that says no (``MaskedRNN`` for a cell type it does not know).
     """
+    settle()  # masked_more's registrations, if Keras was first imported part-way through a prune import
     cls = _PRUNABLE.get(type(layer))
     can_prune = getattr(cls, "can_prune", None)
     if cls is not None and can_prune is not None and not can_prune(layer):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import warnings
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -329,16 +330,24 @@ def register_schedule(cls: type[PruningSchedule], name: str | None = None) -> ty
 
     The class is registered with Keras too, under the same name, so
     ``keras.saving.deserialize_keras_object(schedule.get_config())`` returns
-    the schedule (as tfmot's tests do with ``custom_objects``).
+    the schedule (as tfmot's tests do with ``custom_objects``): at once if
+    Keras is imported, else when it is (:mod:`prune._lazy`), so that schedules
+    stay importable without Keras.
     """
     if not (isinstance(cls, type) and issubclass(cls, PruningSchedule)):
         raise ValueError(f"cls must be a subclass of prune.PruningSchedule, got {cls!r}")
-    import keras
-
     key = name or cls.__name__
     _REGISTRY[key] = cls
-    keras.saving.get_custom_objects()[key] = cls
+    if "keras" in sys.modules:
+        register_with_keras()
     return cls
+
+
+def register_with_keras() -> None:
+    """Put every registered schedule class into Keras's custom objects (needs Keras imported)."""
+    import keras
+
+    keras.saving.get_custom_objects().update(_REGISTRY)
 
 
 for _cls in (ConstantSparsity, PolynomialDecay, OneShot, CallableSchedule):

@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["prune"]
 
@@ -138,3 +140,49 @@ def test_private_keras_access_only_in_internals():
                 if hits:
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {hits}")
     assert offenders == []
+
+
+ENGINE = ["prune.schedules", "prune.patterns", "prune.scoring", "prune.distributions", "prune.masks", "prune.targets",
+          "prune.notices"]
+
+
+def _child(code: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", "import json, sys\n" + code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_engine_imports_without_tensorflow_or_keras():
+    """``import prune`` and the NumPy-only engine load no TensorFlow and no Keras; the registries answer."""
+    out = _child(
+        "import prune\n" + "".join(f"import {m}\n" for m in ENGINE)
+        + "from prune.distributions import distributions\n"
+        + "s = prune.PolynomialDecay(0.0, 0.8, 0, 10, frequency=2)\n"
+        + "print(json.dumps(dict(heavy=sorted(m for m in ('tensorflow', 'keras', 'pandas') if m in sys.modules),\n"
+        + "  sparsity=float(s(10)[1]), criteria=prune.criteria(), distributions=distributions(),\n"
+        + "  gradient=prune.criteria(needs='gradient'), block=repr(prune.Block((1, 4))))))"
+    )
+    assert out["heavy"] == []
+    assert out["sparsity"] == pytest.approx(0.8) and out["distributions"] == ["layer", "global", "erk"]
+    assert out["gradient"] == ["movement", "snip", "taylor"] and "magnitude" in out["criteria"]
+
+
+def test_keras_side_loads_on_first_use_and_registers_for_loading():
+    """The first Keras-side name loads it; once Keras is imported a .keras file with prune's layers loads."""
+    out = _child(
+        "import prune\n"
+        "before = 'keras' in sys.modules\n"
+        "fn = prune.prune_low_magnitude\n"
+        "import keras\n"
+        "m = keras.models.load_model('tests/fixtures/compat/masked.keras')\n"
+        "print(json.dumps(dict(before=before, after='keras' in sys.modules, layers=[type(l).__name__ for l in m.layers])))"
+    )
+    assert out == {"before": False, "after": True, "layers": ["MaskedConv2D", "Flatten", "MaskedDense", "MaskedDense"]}

@@ -246,10 +246,10 @@ def test_fresh_build_by_concurrent_processes_and_every_fallback(tmp_path):
 
 @needs_native
 def test_import_prune_loads_a_library_already_built_and_never_compiles(tmp_path):
-    """With the library in the cache, ``import prune`` registers the ops (a saved graph holding them loads); with an
-    empty cache it compiles nothing."""
+    """With the library in the cache, ``import prune`` registers the ops once TensorFlow is imported (a saved graph
+    holding them loads); with an empty cache it compiles nothing."""
     assert native.load() is not None  # built (or loaded) into this session's cache
-    code = ("import json, prune; from prune import native; st = native._state.get('status'); "
+    code = ("import json, prune, tensorflow; from prune import native; st = native._state.get('status'); "
             "print(json.dumps(dict(loaded=st is not None and st.available, built=st is not None and st.built)))")
     results = {}
     for name, cache in (("built", native.cache_dir()), ("empty", tmp_path / "empty")):
