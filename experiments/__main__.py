@@ -373,7 +373,7 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
         print("\n" + note)
     diverged = int((frame["status"] == "diverged").sum())
     if diverged:
-        print(f"\n{diverged} run(s) diverged (loss NaN or infinite): listed above, excluded from the means")
+        print(f"\n{diverged} run(s) diverged (loss NaN, infinite or exploding; the error column says which): listed above, excluded from the means")
     failed = int((~frame["status"].isin(["ok", "diverged"])).sum())
     if failed:
         print(f"\n{failed} failed run(s); see `python -m experiments status {args.config}`", file=sys.stderr)
