@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
+from experiments.library_names import imp as imp_library
 from experiments.registry import ConfigError, Registry, check_range, choice
 
 if TYPE_CHECKING:
@@ -259,41 +260,8 @@ class RiglParams(_DstParams):
     decay: str = "cosine"
 
 
-@dataclasses.dataclass(frozen=True)
-class ImpParams:
-    """``imp``: iterative magnitude pruning with rewinding (Frankle & Carbin 2019; Frankle et al. 2020).
-
-    Maps one to one onto ``experiments.imp.ImpParams``.
-
-    Attributes:
-        rate: Fraction of the remaining weights pruned per level, in (0, 1).
-        rewind_step: Survivors are rewound to their values after this many steps of level 0 (0: the init).
-        controls: Any of ``reinit`` (same mask, fresh init) and ``random`` (random mask, same counts),
-            in any order (stored in that one).
-        stops: Sparsities no level jumps past, increasing, below the run's sparsity: the levels
-            land on them, so one run at the highest sparsity gives every lower one too.
-    """
-
-    rate: float = 0.2
-    rewind_step: int = 0
-    controls: tuple[str, ...] = ("reinit", "random")
-    stops: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.rate < 1.0:
-            raise ConfigError("rate", f"must be in (0, 1), got {self.rate!r}")
-        check_range("rewind_step", self.rewind_step, 0)
-        for i, c in enumerate(self.controls):
-            choice(f"controls[{i}]", c, ("reinit", "random"), "control")
-        if len(set(self.controls)) != len(self.controls):
-            raise ConfigError("controls", f"lists a control twice: {list(self.controls)!r}")
-        # Each control is seeded from its own name, so their order changes nothing: store them
-        # in one canonical order, so that order does not change the run's hash either.
-        object.__setattr__(self, "controls", tuple(c for c in ("reinit", "random") if c in self.controls))
-        for i, s in enumerate(self.stops):
-            check_range(f"stops[{i}]", s, 0.0, 1.0, hi_open=True)
-        if list(self.stops) != sorted(set(self.stops)):
-            raise ConfigError("stops", f"must be strictly increasing, got {list(self.stops)!r}")
+ImpParams = imp_library.ImpParams
+"""``imp``'s parameters: the library's own (:class:`prune.imp.ImpParams`), validated there."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -493,7 +461,7 @@ METHODS.register(
         ImpParams,
         ("masked",),
         "it prunes, rewinds and retrains masked layers (experiments.imp); SparseDense and tfmot cannot rewind",
-        train="experiments.methods:train_imp",
+        train="experiments.imp:train_method",
         check=_check_imp,
         check_data=_check_imp_steps,
     )

@@ -703,7 +703,9 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
             raise ConfigError(f"{where}{name}", "is required")
     try:
         return cls(**kwargs)
-    except ConfigError as e:
+    except ValueError as e:  # ConfigError, or a library parameter error naming its field the same way
+        if not isinstance(getattr(e, "path", None), str) or not isinstance(getattr(e, "message", None), str):
+            raise
         raise ConfigError(f"{where}{e.path}", e.message) from None
 
 
