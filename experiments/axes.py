@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
+from experiments.library_names import DST_DISTRIBUTION, IMP_SCOPES
 from experiments.library_names import imp as imp_library
 from experiments.registry import ConfigError, Registry, check_range, choice
 
@@ -36,6 +37,7 @@ __all__ = [
     "Dataset",
     "Model",
     "Implementation",
+    "PatternKind",
     "ScheduleKind",
     "Method",
     "NoParams",
@@ -46,6 +48,7 @@ __all__ = [
     "DATASETS",
     "MODELS",
     "IMPLEMENTATIONS",
+    "PATTERNS",
     "SCHEDULE_KINDS",
     "METHODS",
     "schedule_args",
@@ -152,8 +155,39 @@ def _check_tfmot(run: RunConfig) -> None:
             f"tfmot gives every layer the scheduled sparsity ('layer'); {run.distribution!r} runs with "
             "'masked' or 'sparse_tensor'",
         )
-    if run.pattern.name == "channel":
-        raise ConfigError("pattern", "tfmot has no channel pattern; it runs with 'masked' or 'sparse_tensor'")
+    if PATTERNS.get(run.pattern.name).tfmot is None:
+        raise ConfigError("pattern", f"tfmot has no {run.pattern.name} pattern; it runs with 'masked' or 'sparse_tensor'")
+
+
+# -- patterns ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternKind:
+    """A pattern of :mod:`prune.patterns`, as sweep files write it (the fields of ``PatternConfig``).
+
+    Attributes:
+        name: Its name in sweep files.
+        library: Its class in :mod:`prune.patterns` (one of ``prune.patterns.patterns()``).
+        takes: The ``PatternConfig`` fields it uses besides ``name`` (the others must stay at their defaults).
+        args: ``args(pattern)`` returns the library class's constructor arguments.
+        label: ``label(pattern)`` is its short name in tables (``2:4``, ``block4x4``).
+        tfmot: ``tfmot(pattern)`` returns tfmot's ``prune_low_magnitude`` arguments; ``None``: tfmot has none.
+        fixed_sparsity: ``fixed_sparsity(pattern)``, the sparsity the pattern fixes (``nm``: ``m / n``), or ``None``.
+        needs_2d: Only for 2-D weights (refuses models with 4-D convolution kernels).
+    """
+
+    name: str
+    library: str
+    takes: tuple[str, ...] = ()
+    args: Callable[[Any], tuple[Any, ...]] = lambda p: ()
+    label: Callable[[Any], str] | None = None
+    tfmot: Callable[[Any], dict[str, Any]] | None = lambda p: {}
+    fixed_sparsity: Callable[[Any], float] | None = None
+    needs_2d: bool = False
+
+
+PATTERNS: Registry[PatternKind] = Registry("pattern")
 
 
 # -- schedule kinds ----------------------------------------------------------------------------------------
@@ -276,6 +310,8 @@ class Method:
         schedule: Needs a schedule from the ``schedules`` axis (``gmp`` only);
             the others take none and ignore that axis.
         criterion: A criterion the method fixes (``snip``); the run's must stay the default.
+        one_shot_at: ``one_shot_at(params)``, the epoch of the one-shot schedule the method
+            prunes with (``one_shot``, ``snip``), or ``None``.
         keras: ``"module:function"`` that prunes a Keras 3 model,
             ``function(run, data, model, spe, run_dir) -> (callbacks, finish)``
             (:mod:`experiments.methods`).
@@ -293,6 +329,7 @@ class Method:
     why_not: str
     schedule: bool = False
     criterion: str | None = None
+    one_shot_at: Callable[[Any], float] | None = None
     keras: str = "experiments.methods:scheduled"
     train: str | None = None
     check: Callable[[RunConfig], None] | None = None
@@ -313,14 +350,14 @@ def _check_sparse_training(run: RunConfig) -> None:
         raise ConfigError("pattern", f"method {name!r} moves single weights (prune.dst); it needs 'unstructured'")
     if run.criterion != "magnitude":
         raise ConfigError("criterion", f"method {name!r} chooses its own weights; leave criterion at 'magnitude'")
-    if run.distribution not in ("layer", "erk"):
+    if run.distribution not in DST_DISTRIBUTION:
         raise ConfigError(
             "distribution", f"method {name!r} starts from a random mask per layer: 'layer' (uniform) or 'erk', not {run.distribution!r}"
         )
 
 
 def _check_imp(run: RunConfig) -> None:
-    if run.distribution not in ("layer", "global"):
+    if run.distribution not in IMP_SCOPES:
         raise ConfigError("distribution", f"method 'imp' prunes by magnitude per 'layer' or 'global', not {run.distribution!r}")
     if run.pattern.name != "unstructured" or run.criterion != "magnitude":
         raise ConfigError("pattern", "method 'imp' prunes single weights by magnitude: unstructured and magnitude only")
@@ -390,6 +427,32 @@ IMPLEMENTATIONS.register(
     Implementation("tfmot", "experiments.tfmot_baseline:train_tfmot", process="legacy", check=_check_tfmot)
 )
 
+_SIZE = "size", "pooling"
+PATTERNS.register(PatternKind("unstructured", "Unstructured"))
+PATTERNS.register(
+    PatternKind(
+        "block",
+        "Block",
+        takes=_SIZE,
+        args=lambda p: ((int(p.size[0]), int(p.size[1])), p.pooling),
+        label=lambda p: f"block{p.size[0]}x{p.size[1]}" + ("-max" if p.pooling == "MAX" else ""),
+        tfmot=lambda p: {"block_size": (int(p.size[0]), int(p.size[1])), "block_pooling_type": p.pooling},
+        needs_2d=True,
+    )
+)
+PATTERNS.register(
+    PatternKind(
+        "nm",
+        "NByM",
+        takes=("m", "n"),
+        args=lambda p: (p.m, p.n),
+        label=lambda p: f"{p.m}:{p.n}",
+        tfmot=lambda p: {"sparsity_m_by_n": (p.m, p.n)},
+        fixed_sparsity=lambda p: p.m / p.n,
+    )
+)
+PATTERNS.register(PatternKind("channel", "Channel", tfmot=None))
+
 SCHEDULE_KINDS.register(
     ScheduleKind(
         "constant",
@@ -432,7 +495,14 @@ SCHEDULE_KINDS.register(
 _KERAS_ONLY = "masked and SparseDense layers"
 METHODS.register(Method("gmp", NoParams, ("masked", "sparse_tensor", "tfmot"), "dense trains no mask", schedule=True))
 METHODS.register(
-    Method("one_shot", OneShotParams, ("masked", "sparse_tensor", "tfmot"), "dense trains no mask", check=_check_one_shot)
+    Method(
+        "one_shot",
+        OneShotParams,
+        ("masked", "sparse_tensor", "tfmot"),
+        "dense trains no mask",
+        one_shot_at=lambda p: p.at,
+        check=_check_one_shot,
+    )
 )
 METHODS.register(
     Method(
@@ -441,6 +511,7 @@ METHODS.register(
         ("masked", "sparse_tensor"),
         "SNIP scores need gradients, which only prune's layers take (tfmot prunes by magnitude)",
         criterion="snip",
+        one_shot_at=lambda p: 0.0,
         check=_check_snip,
     )
 )

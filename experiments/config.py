@@ -64,7 +64,7 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
-from experiments import axes
+from experiments import axes, library_names
 from experiments.registry import ConfigError
 from experiments.registry import check_range as _range
 from experiments.registry import choice as _choice
@@ -90,6 +90,7 @@ __all__ = [
     "CRITERIA",
     "DISTRIBUTIONS",
     "METHODS",
+    "axis_names",
     "load_sweep",
     "parse_sweep",
     "from_dict",
@@ -107,11 +108,27 @@ METHODS = axes.METHODS.names()
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MATMULS = ("coo", "csr", "native", "auto")
 UNITS = ("epochs", "steps")
-PATTERNS = ("unstructured", "block", "nm", "channel")
-POOLINGS = ("AVG", "MAX")
-CRITERIA = ("magnitude", "random", "snip", "taylor", "movement")
-GRADIENT_CRITERIA = ("snip", "taylor", "movement")
-DISTRIBUTIONS = ("layer", "global", "erk")
+PATTERNS = axes.PATTERNS.names()
+# The library's names, from the one place the runner reads them (experiments.library_names).
+POOLINGS = library_names.POOLINGS
+CRITERIA = library_names.CRITERIA
+GRADIENT_CRITERIA = library_names.GRADIENT_CRITERIA
+DISTRIBUTIONS = library_names.DISTRIBUTIONS
+
+
+def axis_names() -> dict[str, tuple[str, ...]]:
+    """The valid names of every named axis of a sweep file, from the registries (for help text)."""
+    return dict(
+        implementations=IMPLEMENTATIONS,
+        models=MODELS,
+        datasets=DATASETS,
+        methods=METHODS,
+        patterns=PATTERNS,
+        criteria=CRITERIA,
+        distributions=DISTRIBUTIONS,
+        schedules=SCHEDULES,
+        optimizers=OPTIMIZERS,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,13 +320,12 @@ class PatternConfig:
     pooling: str = "AVG"
 
     def __post_init__(self) -> None:
-        _choice("name", self.name, PATTERNS, "pattern")
+        kind = axes.PATTERNS.get(self.name)
         _choice("pooling", self.pooling, POOLINGS, "pooling")
-        own = {"nm": ("m", "n"), "block": ("size", "pooling")}.get(self.name, ())
         for key in ("m", "n", "size", "pooling"):
-            if key not in own and getattr(self, key) != _PATTERN_DEFAULTS[key]:
-                takes = "nm" if key in ("m", "n") else "block"
-                raise ConfigError(key, f"only pattern {takes!r} takes {key}, not {self.name!r}")
+            if key not in kind.takes and getattr(self, key) != _PATTERN_DEFAULTS[key]:
+                takes = " or ".join(repr(k.name) for k in axes.PATTERNS if key in k.takes)
+                raise ConfigError(key, f"only pattern {takes} takes {key}, not {self.name!r}")
         _range("n", self.n, 1)
         if not 0 <= self.m < self.n:
             raise ConfigError("m", f"must satisfy 0 <= m < n (n = {self.n}), got {self.m!r}")
@@ -319,40 +335,34 @@ class PatternConfig:
             _range(f"size[{i}]", d, 1)
 
     @property
+    def kind(self) -> axes.PatternKind:
+        """The registered pattern (:data:`experiments.axes.PATTERNS`)."""
+        return axes.PATTERNS.get(self.name)
+
+    @property
     def fixed_sparsity(self) -> float | None:
         """``m / n`` for ``nm``, whose sparsity the pattern fixes (the schedule only says when); else None."""
-        return self.m / self.n if self.name == "nm" else None
+        fixed = self.kind.fixed_sparsity
+        return fixed(self) if fixed is not None else None
 
     @property
     def label(self) -> str:
         """Short name for tables: ``unstructured``, ``2:4``, ``block4x4``, ``block4x4-max``, ``channel``."""
-        if self.name == "nm":
-            return f"{self.m}:{self.n}"
-        if self.name == "block":
-            return f"block{self.size[0]}x{self.size[1]}" + ("-max" if self.pooling == "MAX" else "")
-        return self.name
+        label = self.kind.label
+        return label(self) if label is not None else self.name
 
     def library_kwargs(self) -> dict[str, Any]:
         """``pattern=`` for :func:`prune.prune_low_magnitude` (imports prune lazily)."""
-        import prune
+        from prune import patterns
 
-        if self.name == "nm":
-            return {"pattern": prune.NByM(self.m, self.n)}
-        if self.name == "block":
-            return {"pattern": prune.Block((int(self.size[0]), int(self.size[1])), self.pooling)}
-        if self.name == "channel":
-            return {"pattern": prune.Channel()}
-        return {"pattern": prune.Unstructured()}
+        return {"pattern": getattr(patterns, self.kind.library)(*self.kind.args(self))}
 
     def tfmot_kwargs(self) -> dict[str, Any]:
         """tfmot's ``prune_low_magnitude`` arguments (``block_size``, ``block_pooling_type``, ``sparsity_m_by_n``)."""
-        if self.name == "nm":
-            return {"sparsity_m_by_n": (self.m, self.n)}
-        if self.name == "block":
-            return {"block_size": (int(self.size[0]), int(self.size[1])), "block_pooling_type": self.pooling}
-        if self.name == "channel":
-            raise ValueError("tfmot has no channel pattern")  # RunConfig rejects this cell first
-        return {}
+        tfmot = self.kind.tfmot
+        if tfmot is None:
+            raise ValueError(f"tfmot has no {self.name} pattern")  # RunConfig rejects this cell first
+        return tfmot(self)
 
 
 _PATTERN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PatternConfig)}
@@ -540,9 +550,10 @@ class RunConfig:
                 "distribution", f"pattern {p.label!r} fixes every group's sparsity, so it needs 'layer', not {self.distribution!r}"
             )
         model = axes.MODELS.get(self.model.name)
-        if p.name == "block" and model.conv:
+        if p.kind.needs_2d and model.conv:
+            flat = " or ".join(m.name for m in axes.MODELS if not m.conv)
             raise ConfigError(
-                "pattern", f"block needs 2-D weights; {model.name} has 4-D Conv2D kernels (use lenet300 or mlp)"
+                "pattern", f"{p.name} needs 2-D weights; {model.name} has 4-D Conv2D kernels (use {flat})"
             )
         if impl.check is not None:
             impl.check(self)
@@ -560,10 +571,9 @@ class RunConfig:
     def schedule_used(self) -> ScheduleConfig | None:
         """The schedule that drives prune's or tfmot's masks: the run's for ``gmp``,
         one-shot for ``one_shot`` and ``snip``, ``None`` for the methods that move masks themselves."""
-        if self.method.name == "one_shot":
-            return ScheduleConfig(kind="one_shot", begin=self.method.params.at)
-        if self.method.name == "snip":
-            return ScheduleConfig(kind="one_shot", begin=0.0)
+        at = self.method.spec.one_shot_at
+        if at is not None:
+            return ScheduleConfig(kind="one_shot", begin=at(self.method.params))
         return self.schedule
 
 

@@ -44,8 +44,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from experiments import axes
 from experiments.config import RunConfig
 from experiments.data import Data
+from experiments.library_names import IMP_SCOPES
 from experiments.library_names import imp as _imp
 from experiments.models import seeded_model
 from experiments.store import atomic_write
@@ -64,11 +66,13 @@ def _check(run: RunConfig, params: ImpParams) -> None:
     """What a run must be for IMP, refused before any file is written."""
     if not isinstance(params, ImpParams):
         raise TypeError(f"params must be an ImpParams, got {type(params).__name__}")
-    if run.implementation.name != "masked":
+    runs_on = axes.METHODS.get("imp").runs_on
+    if run.implementation.name not in runs_on:
         raise ValueError(
-            f"method 'imp' runs with implementation 'masked' only (it rewinds masked weights), got {run.implementation.name!r}"
+            f"method 'imp' runs with implementation {' or '.join(map(repr, runs_on))} only (it rewinds masked weights), "
+            f"got {run.implementation.name!r}"
         )
-    if run.distribution not in ("layer", "global"):
+    if run.distribution not in IMP_SCOPES:
         raise ValueError(f"method 'imp' prunes with distribution 'layer' or 'global', got {run.distribution!r}")
     if run.pattern.name != "unstructured":
         raise ValueError(f"method 'imp' prunes single weights (pattern 'unstructured'), got {run.pattern.label!r}")

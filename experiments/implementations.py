@@ -50,7 +50,8 @@ import numpy as np
 
 from experiments import axes
 from experiments.axes import schedule_args
-from experiments.config import GRADIENT_CRITERIA, RunConfig
+from experiments.config import RunConfig
+from experiments.library_names import GRADIENT_CRITERIA
 from experiments.data import Data
 from experiments.models import seeded_model
 from experiments.registry import resolve

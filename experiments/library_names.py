@@ -25,7 +25,17 @@ import importlib.util
 import sys
 from types import ModuleType
 
-__all__ = ["CRITERIA", "GRADIENT_CRITERIA", "DISTRIBUTIONS", "DST_DISTRIBUTION", "PATTERNS", "POOLINGS", "imp"]
+__all__ = [
+    "CRITERIA",
+    "GRADIENT_CRITERIA",
+    "DISTRIBUTIONS",
+    "DST_DISTRIBUTION",
+    "DST_METHODS",
+    "IMP_SCOPES",
+    "PATTERN_CLASSES",
+    "POOLINGS",
+    "imp",
+]
 
 CRITERIA = ("magnitude", "random", "snip", "taylor", "movement")
 """``prune.scoring``'s registered criteria, in registration order (``criterion=`` of ``prune_low_magnitude``)."""
@@ -35,8 +45,12 @@ DISTRIBUTIONS = ("layer", "global", "erk")
 """``prune.masks.SCOPES``: how the sparsity spreads over layers (``scope=`` of ``prune_low_magnitude``)."""
 DST_DISTRIBUTION = {"layer": "uniform", "erk": "erk"}
 """The distributions sparse training starts from, as ``prune.dst.DISTRIBUTIONS`` spells them (``layer`` is ``uniform``)."""
-PATTERNS = ("unstructured", "block", "nm", "channel")
-"""The sweep-file names of ``prune.patterns``' ``Unstructured``, ``Block``, ``NByM`` and ``Channel``."""
+DST_METHODS = {"set": False, "rigl": True}
+"""``prune.dst.METHODS``, each saying whether it regrows by gradient (needs ``gradient_data``)."""
+IMP_SCOPES = ("layer", "global")
+"""``prune.lottery.SCOPES``: the distributions IMP prunes by magnitude with."""
+PATTERN_CLASSES = ("Block", "Channel", "NByM", "Unstructured")
+"""``prune.patterns.patterns()``: the pattern classes (``experiments.axes.PATTERNS`` names them in sweep files)."""
 POOLINGS = ("AVG", "MAX")
 """``prune.patterns.Block``'s poolings."""
 

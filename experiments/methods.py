@@ -19,7 +19,7 @@ from experiments.data import Data
 from experiments.store import atomic_write
 from experiments.tables import MASK_UPDATE_COLUMNS
 
-from experiments.library_names import DST_DISTRIBUTION
+from experiments.library_names import DST_DISTRIBUTION, DST_METHODS
 
 __all__ = ["scheduled", "sparse_training", "train_imp", "MASK_UPDATE_COLUMNS", "DST_DISTRIBUTION"]
 
@@ -51,7 +51,7 @@ def sparse_training(
 
     prune.sparse_init(model, run.sparsity, distribution=DST_DISTRIBUTION[run.distribution], seed=run.seed)
     callbacks: list[Any] = []
-    if run.method.name in ("set", "rigl"):
+    if run.method.name in DST_METHODS:
         p = run.method.params
         total = spe * run.training.epochs
         callbacks.append(
@@ -62,7 +62,7 @@ def sparse_training(
                 end_step=max(1, int(round(p.end * total))),
                 decay=p.decay,
                 seed=run.seed,
-                gradient_data=fixed_batch(run, data) if run.method.name == "rigl" else None,
+                gradient_data=fixed_batch(run, data) if DST_METHODS[run.method.name] else None,
             )
         )
 
