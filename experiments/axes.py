@@ -6,9 +6,10 @@ and imported only when a run needs it, :func:`experiments.registry.resolve`).
 :mod:`experiments.config` validates names and combinations against these
 registries; :mod:`experiments.data`, :mod:`experiments.models`,
 :mod:`experiments.implementations` and :mod:`experiments.run_one` dispatch
-through them. Nothing here imports TensorFlow, Keras, prune or another
-experiments module, so the runner's main process and the tfmot process can
-read it.
+through them. Nothing here imports TensorFlow or Keras, and of the runner only
+:mod:`experiments.registry` and :mod:`experiments.library_names` (the library's
+names, and :mod:`prune.imp` without TensorFlow), so the runner's main process
+and the tfmot process can read it, and no import circles back here.
 
 A new dataset, model, implementation or method is one function (or file) plus
 one ``register`` line at the bottom of this module, for example::
@@ -24,14 +25,16 @@ hyperparameters only once it is chosen.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from experiments.library_names import DST_DISTRIBUTION, IMP_SCOPES
 from experiments.library_names import imp as imp_library
 from experiments.registry import ConfigError, Registry, check_range, choice
 
-if TYPE_CHECKING:
-    from experiments.config import RunConfig, ScheduleConfig
+Run = Any
+"""A run, :class:`experiments.config.RunConfig` (which imports this module, so it is not imported back)."""
+Schedule = Any
+"""A schedule, :class:`experiments.config.ScheduleConfig`."""
 
 __all__ = [
     "Dataset",
@@ -136,7 +139,7 @@ class Implementation:
     process: str = "keras3"
     prunes: bool = True
     takes_matmul: bool = False
-    check: Callable[[RunConfig], None] | None = None
+    check: Callable[[Run], None] | None = None
     build: str = ""
     deployed: str = ""
 
@@ -144,7 +147,7 @@ class Implementation:
 IMPLEMENTATIONS: Registry[Implementation] = Registry("implementation")
 
 
-def _check_tfmot(run: RunConfig) -> None:
+def _check_tfmot(run: Run) -> None:
     if run.criterion != "magnitude":
         raise ConfigError(
             "criterion", f"tfmot prunes by magnitude only; {run.criterion!r} runs with 'masked' or 'sparse_tensor'"
@@ -213,7 +216,7 @@ class ScheduleKind:
     """
 
     name: str
-    args: Callable[[ScheduleConfig, float, int, int], tuple[str, dict[str, Any]]]
+    args: Callable[[Schedule, float, int, int], tuple[str, dict[str, Any]]]
     tfmot: Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]] = _tfmot_shifted
     span: str = "open"
 
@@ -221,7 +224,7 @@ class ScheduleKind:
 SCHEDULE_KINDS: Registry[ScheduleKind] = Registry("schedule")
 
 
-def schedule_args(run: RunConfig, spe: int) -> tuple[str, dict[str, Any]]:
+def schedule_args(run: Run, spe: int) -> tuple[str, dict[str, Any]]:
     """The schedule driving ``run``'s masks as (prune class name, step-based arguments), shared by prune and tfmot.
 
     Raises:
@@ -332,19 +335,19 @@ class Method:
     one_shot_at: Callable[[Any], float] | None = None
     keras: str = "experiments.methods:scheduled"
     train: str | None = None
-    check: Callable[[RunConfig], None] | None = None
-    check_data: Callable[[RunConfig, Callable[[], int]], None] | None = None
+    check: Callable[[Run], None] | None = None
+    check_data: Callable[[Run, Callable[[], int]], None] | None = None
 
 
 METHODS: Registry[Method] = Registry("method")
 
 
-def _check_one_shot(run: RunConfig) -> None:
+def _check_one_shot(run: Run) -> None:
     if run.method.params.at > run.training.epochs - 1e-9:
         raise ConfigError("method.at", f"is {run.method.params.at:g} epochs but training has {run.training.epochs} epochs")
 
 
-def _check_sparse_training(run: RunConfig) -> None:
+def _check_sparse_training(run: Run) -> None:
     name = run.method.name
     if run.pattern.name != "unstructured":
         raise ConfigError("pattern", f"method {name!r} moves single weights (prune.dst); it needs 'unstructured'")
@@ -356,7 +359,7 @@ def _check_sparse_training(run: RunConfig) -> None:
         )
 
 
-def _check_imp(run: RunConfig) -> None:
+def _check_imp(run: Run) -> None:
     if run.distribution not in IMP_SCOPES:
         raise ConfigError("distribution", f"method 'imp' prunes by magnitude per 'layer' or 'global', not {run.distribution!r}")
     if run.pattern.name != "unstructured" or run.criterion != "magnitude":
@@ -366,7 +369,7 @@ def _check_imp(run: RunConfig) -> None:
             raise ConfigError(f"method.stops[{i}]", f"is {s!r}, not below the run's sparsity {run.sparsity!r}")
 
 
-def _check_imp_steps(run: RunConfig, n_train: Callable[[], int]) -> None:
+def _check_imp_steps(run: Run, n_train: Callable[[], int]) -> None:
     k = run.method.params.rewind_step
     if k <= run.training.epochs:  # every epoch has at least one step: no need to load the data
         return
@@ -382,7 +385,7 @@ def _check_imp_steps(run: RunConfig, n_train: Callable[[], int]) -> None:
         )
 
 
-def _check_snip(run: RunConfig) -> None:
+def _check_snip(run: Run) -> None:
     if run.criterion != "magnitude":
         raise ConfigError("criterion", "method 'snip' scores by SNIP itself; leave criterion at 'magnitude'")
 
