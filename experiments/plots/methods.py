@@ -176,12 +176,13 @@ def plot_imp_levels(levels: pd.DataFrame, ax: Axes | None = None) -> Figure:
             a = agg[(agg["variant"] == variant) & agg["level"].isin(x_of.index)].sort_values("level")
             if variant != "ticket":  # the controls start where the ticket does: level 0 is the dense training
                 a = pd.concat([agg[(agg["variant"] == "ticket") & (agg["level"] == 0)], a])
-            color, marker, ls = _VARIANT_STYLES[variant]
+            fallback = style_for(variant)  # a variant added to prune.imp later: a stable colour of its own
+            color, marker, ls = _VARIANT_STYLES.get(variant, (fallback["color"], fallback["marker"], "-."))
             x = x_of.loc[a["level"]].to_numpy() * PCT
             mean, std = a["mean"].to_numpy() * PCT, a["std"].to_numpy() * PCT
             ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, linewidth=0, zorder=2)
-            ax.plot(x, mean, color=color, marker=marker, linestyle=ls, label=_VARIANT_LABELS[variant], zorder=3,
-                    markersize=3.5)
+            label = _VARIANT_LABELS.get(variant, variant)
+            ax.plot(x, mean, color=color, marker=marker, linestyle=ls, label=label, zorder=3, markersize=3.5)
         ax.set_xscale("log")
         ax.invert_xaxis()
         lo = float(np.nanmin(x_of.to_numpy())) * PCT
