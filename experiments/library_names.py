@@ -34,6 +34,7 @@ __all__ = [
     "IMP_SCOPES",
     "PATTERN_CLASSES",
     "POOLINGS",
+    "REPORT_COLUMNS",
     "imp",
 ]
 
@@ -52,6 +53,11 @@ IMP_SCOPES = ("layer", "global")
 PATTERN_CLASSES = ("Block", "Channel", "NByM", "Unstructured")
 """``prune.patterns.patterns()``: the pattern classes (``experiments.axes.PATTERNS`` names them in sweep files)."""
 POOLINGS = ("AVG", "MAX")
+REPORT_COLUMNS = [
+    "layer", "weight", "shape", "nnz", "size", "sparsity", "dense_flops", "nonzero_flops", "dense_bytes", "status"
+]
+"""``prune.report.REPORT_COLUMNS``: every run's weight report has the columns of ``prune.sparsity_report``.
+(``prune.report`` imports Keras 3, which the tfmot process must not, so this one stays a checked copy.)"""
 """``prune.patterns.Block``'s poolings."""
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.config import RunConfig, TrainingConfig
+from experiments.library_names import REPORT_COLUMNS
 
 __all__ = [
     "Diverged",
@@ -62,19 +63,6 @@ WARMUP_STEPS = 5
 DIVERGENCE_FACTOR = 10.0
 """A final training loss above this multiple of the first batch's loss is a diverged run (e.g. 8e23 at lr 1e12)."""
 LATENCY_REPEATS = {1: 50, 256: 10}
-# Same columns as prune.sparsity_report, so per-run reports of every implementation line up.
-REPORT_COLUMNS = [
-    "layer",
-    "weight",
-    "shape",
-    "nnz",
-    "size",
-    "sparsity",
-    "dense_flops",
-    "nonzero_flops",
-    "dense_bytes",
-    "status",
-]
 
 
 class Diverged(Exception):

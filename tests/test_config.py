@@ -373,7 +373,7 @@ def test_library_names_equal_the_library_registries():
     """experiments.library_names lists what the runner's main process cannot import yet; it equals the library."""
     import prune
     from experiments import axes, library_names
-    from prune import dst, imp, lottery, masks, patterns, scoring
+    from prune import dst, imp, lottery, masks, patterns, report, scoring
 
     assert set(library_names.CRITERIA) == set(scoring.criteria())
     gradient = {c for c in scoring.criteria() if "gradient" in scoring.get_criterion(c).needs}
@@ -383,5 +383,6 @@ def test_library_names_equal_the_library_registries():
     assert tuple(library_names.DST_METHODS) == dst.METHODS
     assert set(library_names.DST_DISTRIBUTION.values()) == set(dst.DISTRIBUTIONS)
     assert library_names.PATTERN_CLASSES == tuple(patterns.patterns())
+    assert library_names.REPORT_COLUMNS == report.REPORT_COLUMNS
     assert {k.library for k in axes.PATTERNS} == set(patterns.patterns())
     assert library_names.imp is imp and axes.ImpParams is imp.ImpParams and prune.lottery is lottery
