@@ -21,25 +21,12 @@ figures; this module keeps the names notebooks and tests import.
 
 from __future__ import annotations
 
-from experiments.plots.freezing import plot_partial_freezing
-from experiments.plots.layer_speed import layer_speedups, plot_layer_speedup
-from experiments.plots.methods import (
-    IMP_VARIANTS,
-    METHOD_ORDER,
-    imp_ticket_points,
-    plot_accuracy_by_method,
-    plot_imp_levels,
-    plot_mask_changes,
-    varies_method,
-)
-from experiments.plots.paper import (
-    plot_accuracy_curves,
-    plot_accuracy_vs_flops,
-    plot_accuracy_vs_sparsity,
-    plot_latency_vs_sparsity,
-    plot_step_time_vs_sparsity,
-)
-from experiments.plots.patterns import AXIS_DEFAULTS, CRITERION_ORDER, plot_accuracy_by_pattern, varies_pruning_axes
+from experiments.plots import freezing, layer_speed, methods, paper, patterns
+from experiments.plots.freezing import *  # noqa: F403
+from experiments.plots.layer_speed import *  # noqa: F403
+from experiments.plots.methods import *  # noqa: F403
+from experiments.plots.paper import *  # noqa: F403
+from experiments.plots.patterns import *  # noqa: F403
 from experiments.plots.style import (
     IMPLEMENTATION_ORDER,
     OKABE_ITO,
@@ -54,35 +41,8 @@ from experiments.plots.style import (
     use_style,
 )
 
-__all__ = [
-    "STYLE_PATH",
-    "OKABE_ITO",
-    "IMPLEMENTATION_ORDER",
-    "use_style",
-    "style_for",
-    "implementation_label",
-    "tidy_runs",
-    "aggregate",
-    "crossover",
-    "pareto_front",
-    "layer_speedups",
-    "sparsity_axis",
-    "plot_accuracy_vs_sparsity",
-    "plot_step_time_vs_sparsity",
-    "plot_latency_vs_sparsity",
-    "plot_accuracy_vs_flops",
-    "plot_accuracy_curves",
-    "plot_layer_speedup",
-    "plot_partial_freezing",
-    "AXIS_DEFAULTS",
-    "CRITERION_ORDER",
-    "varies_pruning_axes",
-    "plot_accuracy_by_pattern",
-    "METHOD_ORDER",
-    "IMP_VARIANTS",
-    "varies_method",
-    "imp_ticket_points",
-    "plot_accuracy_by_method",
-    "plot_imp_levels",
-    "plot_mask_changes",
+_STYLE = [
+    "STYLE_PATH", "OKABE_ITO", "IMPLEMENTATION_ORDER", "use_style", "style_for", "implementation_label", "tidy_runs",
+    "aggregate", "crossover", "pareto_front", "sparsity_axis",
 ]
+__all__ = [*_STYLE, *paper.__all__, *layer_speed.__all__, *freezing.__all__, *patterns.__all__, *methods.__all__]
