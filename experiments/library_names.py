@@ -49,7 +49,7 @@ DST_DISTRIBUTION = {"layer": "uniform", "erk": "erk"}
 DST_METHODS = {"set": False, "rigl": True}
 """``prune.dst.METHODS``, each saying whether it regrows by gradient (needs ``gradient_data``)."""
 IMP_SCOPES = ("layer", "global")
-"""``prune.lottery.SCOPES``: the distributions IMP prunes by magnitude with."""
+"""The distributions the runner's IMP prunes by magnitude with (of ``prune.lottery.SCOPES``)."""
 PATTERN_CLASSES = ("Block", "Channel", "NByM", "Unstructured")
 """``prune.patterns.patterns()``: the pattern classes (``experiments.axes.PATTERNS`` names them in sweep files)."""
 POOLINGS = ("AVG", "MAX")
