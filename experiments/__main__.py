@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.config import ConfigError, RunConfig, SweepConfig, load_sweep, to_dict
+from experiments.config import ConfigError, RunConfig, SweepConfig, axis_names, load_sweep, to_dict
 
 __all__ = ["main"]
 
@@ -111,7 +111,13 @@ def _storage_message(e: OSError) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments", description="Run and inspect pruning sweeps.")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run every unfinished cell of a sweep")
+    names = "\n".join(f"  {axis}: {', '.join(valid)}" for axis, valid in axis_names().items())
+    run = sub.add_parser(
+        "run",
+        help="run every unfinished cell of a sweep",
+        epilog=f"names a sweep file may use (from the registries):\n{names}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("config", help="sweep TOML file")
     run.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
     run.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786")

@@ -6,9 +6,10 @@ and imported only when a run needs it, :func:`experiments.registry.resolve`).
 :mod:`experiments.config` validates names and combinations against these
 registries; :mod:`experiments.data`, :mod:`experiments.models`,
 :mod:`experiments.implementations` and :mod:`experiments.run_one` dispatch
-through them. Nothing here imports TensorFlow, Keras, prune or another
-experiments module, so the runner's main process and the tfmot process can
-read it.
+through them. Nothing here imports TensorFlow or Keras, and of the runner only
+:mod:`experiments.registry` and :mod:`experiments.library_names` (the library's
+names, and :mod:`prune.imp` without TensorFlow), so the runner's main process
+and the tfmot process can read it, and no import circles back here.
 
 A new dataset, model, implementation or method is one function (or file) plus
 one ``register`` line at the bottom of this module, for example::
@@ -24,17 +25,22 @@ hyperparameters only once it is chosen.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from experiments.library_names import DST_DISTRIBUTION, IMP_SCOPES
+from experiments.library_names import imp as imp_library
 from experiments.registry import ConfigError, Registry, check_range, choice
 
-if TYPE_CHECKING:
-    from experiments.config import RunConfig, ScheduleConfig
+Run = Any
+"""A run, :class:`experiments.config.RunConfig` (which imports this module, so it is not imported back)."""
+Schedule = Any
+"""A schedule, :class:`experiments.config.ScheduleConfig`."""
 
 __all__ = [
     "Dataset",
     "Model",
     "Implementation",
+    "PatternKind",
     "ScheduleKind",
     "Method",
     "NoParams",
@@ -45,6 +51,7 @@ __all__ = [
     "DATASETS",
     "MODELS",
     "IMPLEMENTATIONS",
+    "PATTERNS",
     "SCHEDULE_KINDS",
     "METHODS",
     "schedule_args",
@@ -132,7 +139,7 @@ class Implementation:
     process: str = "keras3"
     prunes: bool = True
     takes_matmul: bool = False
-    check: Callable[[RunConfig], None] | None = None
+    check: Callable[[Run], None] | None = None
     build: str = ""
     deployed: str = ""
 
@@ -140,7 +147,7 @@ class Implementation:
 IMPLEMENTATIONS: Registry[Implementation] = Registry("implementation")
 
 
-def _check_tfmot(run: RunConfig) -> None:
+def _check_tfmot(run: Run) -> None:
     if run.criterion != "magnitude":
         raise ConfigError(
             "criterion", f"tfmot prunes by magnitude only; {run.criterion!r} runs with 'masked' or 'sparse_tensor'"
@@ -151,8 +158,39 @@ def _check_tfmot(run: RunConfig) -> None:
             f"tfmot gives every layer the scheduled sparsity ('layer'); {run.distribution!r} runs with "
             "'masked' or 'sparse_tensor'",
         )
-    if run.pattern.name == "channel":
-        raise ConfigError("pattern", "tfmot has no channel pattern; it runs with 'masked' or 'sparse_tensor'")
+    if PATTERNS.get(run.pattern.name).tfmot is None:
+        raise ConfigError("pattern", f"tfmot has no {run.pattern.name} pattern; it runs with 'masked' or 'sparse_tensor'")
+
+
+# -- patterns ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternKind:
+    """A pattern of :mod:`prune.patterns`, as sweep files write it (the fields of ``PatternConfig``).
+
+    Attributes:
+        name: Its name in sweep files.
+        library: Its class in :mod:`prune.patterns` (one of ``prune.patterns.patterns()``).
+        takes: The ``PatternConfig`` fields it uses besides ``name`` (the others must stay at their defaults).
+        args: ``args(pattern)`` returns the library class's constructor arguments.
+        label: ``label(pattern)`` is its short name in tables (``2:4``, ``block4x4``).
+        tfmot: ``tfmot(pattern)`` returns tfmot's ``prune_low_magnitude`` arguments; ``None``: tfmot has none.
+        fixed_sparsity: ``fixed_sparsity(pattern)``, the sparsity the pattern fixes (``nm``: ``m / n``), or ``None``.
+        needs_2d: Only for 2-D weights (refuses models with 4-D convolution kernels).
+    """
+
+    name: str
+    library: str
+    takes: tuple[str, ...] = ()
+    args: Callable[[Any], tuple[Any, ...]] = lambda p: ()
+    label: Callable[[Any], str] | None = None
+    tfmot: Callable[[Any], dict[str, Any]] | None = lambda p: {}
+    fixed_sparsity: Callable[[Any], float] | None = None
+    needs_2d: bool = False
+
+
+PATTERNS: Registry[PatternKind] = Registry("pattern")
 
 
 # -- schedule kinds ----------------------------------------------------------------------------------------
@@ -178,7 +216,7 @@ class ScheduleKind:
     """
 
     name: str
-    args: Callable[[ScheduleConfig, float, int, int], tuple[str, dict[str, Any]]]
+    args: Callable[[Schedule, float, int, int], tuple[str, dict[str, Any]]]
     tfmot: Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]] = _tfmot_shifted
     span: str = "open"
 
@@ -186,7 +224,7 @@ class ScheduleKind:
 SCHEDULE_KINDS: Registry[ScheduleKind] = Registry("schedule")
 
 
-def schedule_args(run: RunConfig, spe: int) -> tuple[str, dict[str, Any]]:
+def schedule_args(run: Run, spe: int) -> tuple[str, dict[str, Any]]:
     """The schedule driving ``run``'s masks as (prune class name, step-based arguments), shared by prune and tfmot.
 
     Raises:
@@ -259,41 +297,8 @@ class RiglParams(_DstParams):
     decay: str = "cosine"
 
 
-@dataclasses.dataclass(frozen=True)
-class ImpParams:
-    """``imp``: iterative magnitude pruning with rewinding (Frankle & Carbin 2019; Frankle et al. 2020).
-
-    Maps one to one onto ``experiments.imp.ImpParams``.
-
-    Attributes:
-        rate: Fraction of the remaining weights pruned per level, in (0, 1).
-        rewind_step: Survivors are rewound to their values after this many steps of level 0 (0: the init).
-        controls: Any of ``reinit`` (same mask, fresh init) and ``random`` (random mask, same counts),
-            in any order (stored in that one).
-        stops: Sparsities no level jumps past, increasing, below the run's sparsity: the levels
-            land on them, so one run at the highest sparsity gives every lower one too.
-    """
-
-    rate: float = 0.2
-    rewind_step: int = 0
-    controls: tuple[str, ...] = ("reinit", "random")
-    stops: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.rate < 1.0:
-            raise ConfigError("rate", f"must be in (0, 1), got {self.rate!r}")
-        check_range("rewind_step", self.rewind_step, 0)
-        for i, c in enumerate(self.controls):
-            choice(f"controls[{i}]", c, ("reinit", "random"), "control")
-        if len(set(self.controls)) != len(self.controls):
-            raise ConfigError("controls", f"lists a control twice: {list(self.controls)!r}")
-        # Each control is seeded from its own name, so their order changes nothing: store them
-        # in one canonical order, so that order does not change the run's hash either.
-        object.__setattr__(self, "controls", tuple(c for c in ("reinit", "random") if c in self.controls))
-        for i, s in enumerate(self.stops):
-            check_range(f"stops[{i}]", s, 0.0, 1.0, hi_open=True)
-        if list(self.stops) != sorted(set(self.stops)):
-            raise ConfigError("stops", f"must be strictly increasing, got {list(self.stops)!r}")
+ImpParams = imp_library.ImpParams
+"""``imp``'s parameters: the library's own (:class:`prune.imp.ImpParams`), validated there."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +313,8 @@ class Method:
         schedule: Needs a schedule from the ``schedules`` axis (``gmp`` only);
             the others take none and ignore that axis.
         criterion: A criterion the method fixes (``snip``); the run's must stay the default.
+        one_shot_at: ``one_shot_at(params)``, the epoch of the one-shot schedule the method
+            prunes with (``one_shot``, ``snip``), or ``None``.
         keras: ``"module:function"`` that prunes a Keras 3 model,
             ``function(run, data, model, spe, run_dir) -> (callbacks, finish)``
             (:mod:`experiments.methods`).
@@ -325,34 +332,35 @@ class Method:
     why_not: str
     schedule: bool = False
     criterion: str | None = None
+    one_shot_at: Callable[[Any], float] | None = None
     keras: str = "experiments.methods:scheduled"
     train: str | None = None
-    check: Callable[[RunConfig], None] | None = None
-    check_data: Callable[[RunConfig, Callable[[], int]], None] | None = None
+    check: Callable[[Run], None] | None = None
+    check_data: Callable[[Run, Callable[[], int]], None] | None = None
 
 
 METHODS: Registry[Method] = Registry("method")
 
 
-def _check_one_shot(run: RunConfig) -> None:
+def _check_one_shot(run: Run) -> None:
     if run.method.params.at > run.training.epochs - 1e-9:
         raise ConfigError("method.at", f"is {run.method.params.at:g} epochs but training has {run.training.epochs} epochs")
 
 
-def _check_sparse_training(run: RunConfig) -> None:
+def _check_sparse_training(run: Run) -> None:
     name = run.method.name
     if run.pattern.name != "unstructured":
         raise ConfigError("pattern", f"method {name!r} moves single weights (prune.dst); it needs 'unstructured'")
     if run.criterion != "magnitude":
         raise ConfigError("criterion", f"method {name!r} chooses its own weights; leave criterion at 'magnitude'")
-    if run.distribution not in ("layer", "erk"):
+    if run.distribution not in DST_DISTRIBUTION:
         raise ConfigError(
             "distribution", f"method {name!r} starts from a random mask per layer: 'layer' (uniform) or 'erk', not {run.distribution!r}"
         )
 
 
-def _check_imp(run: RunConfig) -> None:
-    if run.distribution not in ("layer", "global"):
+def _check_imp(run: Run) -> None:
+    if run.distribution not in IMP_SCOPES:
         raise ConfigError("distribution", f"method 'imp' prunes by magnitude per 'layer' or 'global', not {run.distribution!r}")
     if run.pattern.name != "unstructured" or run.criterion != "magnitude":
         raise ConfigError("pattern", "method 'imp' prunes single weights by magnitude: unstructured and magnitude only")
@@ -361,7 +369,7 @@ def _check_imp(run: RunConfig) -> None:
             raise ConfigError(f"method.stops[{i}]", f"is {s!r}, not below the run's sparsity {run.sparsity!r}")
 
 
-def _check_imp_steps(run: RunConfig, n_train: Callable[[], int]) -> None:
+def _check_imp_steps(run: Run, n_train: Callable[[], int]) -> None:
     k = run.method.params.rewind_step
     if k <= run.training.epochs:  # every epoch has at least one step: no need to load the data
         return
@@ -377,7 +385,7 @@ def _check_imp_steps(run: RunConfig, n_train: Callable[[], int]) -> None:
         )
 
 
-def _check_snip(run: RunConfig) -> None:
+def _check_snip(run: Run) -> None:
     if run.criterion != "magnitude":
         raise ConfigError("criterion", "method 'snip' scores by SNIP itself; leave criterion at 'magnitude'")
 
@@ -422,6 +430,32 @@ IMPLEMENTATIONS.register(
     Implementation("tfmot", "experiments.tfmot_baseline:train_tfmot", process="legacy", check=_check_tfmot)
 )
 
+_SIZE = "size", "pooling"
+PATTERNS.register(PatternKind("unstructured", "Unstructured"))
+PATTERNS.register(
+    PatternKind(
+        "block",
+        "Block",
+        takes=_SIZE,
+        args=lambda p: ((int(p.size[0]), int(p.size[1])), p.pooling),
+        label=lambda p: f"block{p.size[0]}x{p.size[1]}" + ("-max" if p.pooling == "MAX" else ""),
+        tfmot=lambda p: {"block_size": (int(p.size[0]), int(p.size[1])), "block_pooling_type": p.pooling},
+        needs_2d=True,
+    )
+)
+PATTERNS.register(
+    PatternKind(
+        "nm",
+        "NByM",
+        takes=("m", "n"),
+        args=lambda p: (p.m, p.n),
+        label=lambda p: f"{p.m}:{p.n}",
+        tfmot=lambda p: {"sparsity_m_by_n": (p.m, p.n)},
+        fixed_sparsity=lambda p: p.m / p.n,
+    )
+)
+PATTERNS.register(PatternKind("channel", "Channel", tfmot=None))
+
 SCHEDULE_KINDS.register(
     ScheduleKind(
         "constant",
@@ -464,7 +498,14 @@ SCHEDULE_KINDS.register(
 _KERAS_ONLY = "masked and SparseDense layers"
 METHODS.register(Method("gmp", NoParams, ("masked", "sparse_tensor", "tfmot"), "dense trains no mask", schedule=True))
 METHODS.register(
-    Method("one_shot", OneShotParams, ("masked", "sparse_tensor", "tfmot"), "dense trains no mask", check=_check_one_shot)
+    Method(
+        "one_shot",
+        OneShotParams,
+        ("masked", "sparse_tensor", "tfmot"),
+        "dense trains no mask",
+        one_shot_at=lambda p: p.at,
+        check=_check_one_shot,
+    )
 )
 METHODS.register(
     Method(
@@ -473,6 +514,7 @@ METHODS.register(
         ("masked", "sparse_tensor"),
         "SNIP scores need gradients, which only prune's layers take (tfmot prunes by magnitude)",
         criterion="snip",
+        one_shot_at=lambda p: 0.0,
         check=_check_snip,
     )
 )
@@ -493,7 +535,7 @@ METHODS.register(
         ImpParams,
         ("masked",),
         "it prunes, rewinds and retrains masked layers (experiments.imp); SparseDense and tfmot cannot rewind",
-        train="experiments.methods:train_imp",
+        train="experiments.imp:train_method",
         check=_check_imp,
         check_data=_check_imp_steps,
     )

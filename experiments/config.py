@@ -18,6 +18,9 @@ sweep before anything runs:
   distribution other than layer; block on lenet5's 4-D kernels; a method an
   implementation cannot run, saying why) are refused, naming the grid cell.
 
+The generic TOML-to-dataclass loader is :mod:`experiments.loader`; this
+module is the schema (its names are re-exported here).
+
 A run is identified by :func:`config_hash`: the SHA-256 of its canonical JSON
 with every field at its default left out (open_lth's ``hashname``), so adding a
 new defaulted field later keeps every existing hash, and so every finished run.
@@ -55,16 +58,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import json
 import math
-import tomllib
-import types
-import typing
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, ClassVar
 
-from experiments import axes
+from experiments import axes, library_names
+from experiments.loader import canonical_json, config_hash, convert, from_dict, load_toml, to_dict
 from experiments.registry import ConfigError
 from experiments.registry import check_range as _range
 from experiments.registry import choice as _choice
@@ -90,6 +89,7 @@ __all__ = [
     "CRITERIA",
     "DISTRIBUTIONS",
     "METHODS",
+    "axis_names",
     "load_sweep",
     "parse_sweep",
     "from_dict",
@@ -107,11 +107,27 @@ METHODS = axes.METHODS.names()
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MATMULS = ("coo", "csr", "native", "auto")
 UNITS = ("epochs", "steps")
-PATTERNS = ("unstructured", "block", "nm", "channel")
-POOLINGS = ("AVG", "MAX")
-CRITERIA = ("magnitude", "random", "snip", "taylor", "movement")
-GRADIENT_CRITERIA = ("snip", "taylor", "movement")
-DISTRIBUTIONS = ("layer", "global", "erk")
+PATTERNS = axes.PATTERNS.names()
+# The library's names, from the one place the runner reads them (experiments.library_names).
+POOLINGS = library_names.POOLINGS
+CRITERIA = library_names.CRITERIA
+GRADIENT_CRITERIA = library_names.GRADIENT_CRITERIA
+DISTRIBUTIONS = library_names.DISTRIBUTIONS
+
+
+def axis_names() -> dict[str, tuple[str, ...]]:
+    """The valid names of every named axis of a sweep file, from the registries (for help text)."""
+    return dict(
+        implementations=IMPLEMENTATIONS,
+        models=MODELS,
+        datasets=DATASETS,
+        methods=METHODS,
+        patterns=PATTERNS,
+        criteria=CRITERIA,
+        distributions=DISTRIBUTIONS,
+        schedules=SCHEDULES,
+        optimizers=OPTIMIZERS,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +148,7 @@ class DatasetConfig:
         train_limit: Use only the first ``train_limit`` training examples (0: all).
     """
 
+    SHORTHAND: ClassVar[str] = "name"  # a sweep file may write just the name
     name: str
     test_fraction: float = 0.2
     split_seed: int = 0
@@ -161,6 +178,7 @@ class ModelConfig:
         widths: Hidden widths of ``mlp`` (required there, not allowed elsewhere).
     """
 
+    SHORTHAND: ClassVar[str] = "name"  # a sweep file may write just the name
     name: str
     widths: tuple[int, ...] = ()
 
@@ -194,6 +212,7 @@ class ImplementationConfig:
             native library loads, else the TensorFlow kernels).
     """
 
+    SHORTHAND: ClassVar[str] = "name"  # a sweep file may write just the name
     name: str
     matmul: str = "auto"
 
@@ -226,6 +245,7 @@ class ScheduleConfig:
         initial_sparsity: polynomial only: sparsity at ``begin``.
     """
 
+    SHORTHAND: ClassVar[str] = "kind"  # a sweep file may write just the kind
     kind: str = "polynomial"
     begin: float = 0.0
     end: float = 1.0
@@ -296,6 +316,7 @@ class PatternConfig:
         pooling: block only: ``AVG`` or ``MAX``, how a tile's scores pool.
     """
 
+    SHORTHAND: ClassVar[str] = "name"  # a sweep file may write just the name
     name: str = "unstructured"
     m: int = 2
     n: int = 4
@@ -303,13 +324,12 @@ class PatternConfig:
     pooling: str = "AVG"
 
     def __post_init__(self) -> None:
-        _choice("name", self.name, PATTERNS, "pattern")
+        kind = axes.PATTERNS.get(self.name)
         _choice("pooling", self.pooling, POOLINGS, "pooling")
-        own = {"nm": ("m", "n"), "block": ("size", "pooling")}.get(self.name, ())
         for key in ("m", "n", "size", "pooling"):
-            if key not in own and getattr(self, key) != _PATTERN_DEFAULTS[key]:
-                takes = "nm" if key in ("m", "n") else "block"
-                raise ConfigError(key, f"only pattern {takes!r} takes {key}, not {self.name!r}")
+            if key not in kind.takes and getattr(self, key) != _PATTERN_DEFAULTS[key]:
+                takes = " or ".join(repr(k.name) for k in axes.PATTERNS if key in k.takes)
+                raise ConfigError(key, f"only pattern {takes} takes {key}, not {self.name!r}")
         _range("n", self.n, 1)
         if not 0 <= self.m < self.n:
             raise ConfigError("m", f"must satisfy 0 <= m < n (n = {self.n}), got {self.m!r}")
@@ -319,40 +339,34 @@ class PatternConfig:
             _range(f"size[{i}]", d, 1)
 
     @property
+    def kind(self) -> axes.PatternKind:
+        """The registered pattern (:data:`experiments.axes.PATTERNS`)."""
+        return axes.PATTERNS.get(self.name)
+
+    @property
     def fixed_sparsity(self) -> float | None:
         """``m / n`` for ``nm``, whose sparsity the pattern fixes (the schedule only says when); else None."""
-        return self.m / self.n if self.name == "nm" else None
+        fixed = self.kind.fixed_sparsity
+        return fixed(self) if fixed is not None else None
 
     @property
     def label(self) -> str:
         """Short name for tables: ``unstructured``, ``2:4``, ``block4x4``, ``block4x4-max``, ``channel``."""
-        if self.name == "nm":
-            return f"{self.m}:{self.n}"
-        if self.name == "block":
-            return f"block{self.size[0]}x{self.size[1]}" + ("-max" if self.pooling == "MAX" else "")
-        return self.name
+        label = self.kind.label
+        return label(self) if label is not None else self.name
 
     def library_kwargs(self) -> dict[str, Any]:
         """``pattern=`` for :func:`prune.prune_low_magnitude` (imports prune lazily)."""
-        import prune
+        from prune import patterns
 
-        if self.name == "nm":
-            return {"pattern": prune.NByM(self.m, self.n)}
-        if self.name == "block":
-            return {"pattern": prune.Block((int(self.size[0]), int(self.size[1])), self.pooling)}
-        if self.name == "channel":
-            return {"pattern": prune.Channel()}
-        return {"pattern": prune.Unstructured()}
+        return {"pattern": getattr(patterns, self.kind.library)(*self.kind.args(self))}
 
     def tfmot_kwargs(self) -> dict[str, Any]:
         """tfmot's ``prune_low_magnitude`` arguments (``block_size``, ``block_pooling_type``, ``sparsity_m_by_n``)."""
-        if self.name == "nm":
-            return {"sparsity_m_by_n": (self.m, self.n)}
-        if self.name == "block":
-            return {"block_size": (int(self.size[0]), int(self.size[1])), "block_pooling_type": self.pooling}
-        if self.name == "channel":
-            raise ValueError("tfmot has no channel pattern")  # RunConfig rejects this cell first
-        return {}
+        tfmot = self.kind.tfmot
+        if tfmot is None:
+            raise ValueError(f"tfmot has no {self.name} pattern")  # RunConfig rejects this cell first
+        return tfmot(self)
 
 
 _PATTERN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PatternConfig)}
@@ -413,33 +427,41 @@ class MethodConfig:
         """The name, for tables."""
         return self.name
 
+    @classmethod
+    def from_plain(cls, data: Any, path: str) -> MethodConfig:
+        """From a name or a flat table ``{name = ..., <params>..., sparsities = [...]}`` (for ``loader.from_dict``)."""
+        if isinstance(data, str):
+            data = {"name": data}
+        if not isinstance(data, dict):
+            raise ConfigError(path, f"must be a method name or a table, got {type(data).__name__} {data!r}")
+        where = f"{path}." if path else ""
+        if "name" not in data:
+            raise ConfigError(f"{where}name", "is required")
+        name = convert(str, data["name"], f"{where}name")
+        axes.METHODS.check(f"{where}name", name)
+        spec = axes.METHODS.get(name)
+        rest = {k: v for k, v in data.items() if k not in ("name", "sparsities")}
+        own = [f.name for f in dataclasses.fields(spec.params)]
+        for key in rest:
+            if key not in own:
+                close = difflib.get_close_matches(key, own + ["sparsities"], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                valid = ", ".join(["name", *own, "sparsities"])
+                raise ConfigError(f"{where}{key}", f"unknown key for method {name!r}{hint} (valid keys: {valid})")
+        params = from_dict(spec.params, rest, path)
+        sparsities = convert(tuple[float, ...], data.get("sparsities", []), f"{where}sparsities")
+        try:
+            return cls(name, params, sparsities)
+        except ConfigError as e:
+            raise ConfigError(f"{where}{e.path}", e.message) from None
 
-def _method_from(data: Any, path: str) -> MethodConfig:
-    """A :class:`MethodConfig` from a name or a flat table ``{name = ..., <params>..., sparsities = [...]}``."""
-    if isinstance(data, str):
-        data = {"name": data}
-    if not isinstance(data, dict):
-        raise ConfigError(path, f"must be a method name or a table, got {type(data).__name__} {data!r}")
-    where = f"{path}." if path else ""
-    if "name" not in data:
-        raise ConfigError(f"{where}name", "is required")
-    name = _convert(str, data["name"], f"{where}name")
-    axes.METHODS.check(f"{where}name", name)
-    spec = axes.METHODS.get(name)
-    rest = {k: v for k, v in data.items() if k not in ("name", "sparsities")}
-    own = [f.name for f in dataclasses.fields(spec.params)]
-    for key in rest:
-        if key not in own:
-            close = difflib.get_close_matches(key, own + ["sparsities"], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            valid = ", ".join(["name", *own, "sparsities"])
-            raise ConfigError(f"{where}{key}", f"unknown key for method {name!r}{hint} (valid keys: {valid})")
-    params = from_dict(spec.params, rest, path)
-    sparsities = _convert(tuple[float, ...], data.get("sparsities", []), f"{where}sparsities")
-    try:
-        return MethodConfig(name, params, sparsities)
-    except ConfigError as e:
-        raise ConfigError(f"{where}{e.path}", e.message) from None
+    def to_plain(self, drop_defaults: bool) -> dict[str, Any]:
+        """The flat form ``{name, <its params>, sparsities}`` (:func:`experiments.loader.to_dict`)."""
+        out = {"name": self.name, **to_dict(self.params, drop_defaults)}
+        if self.sparsities or not drop_defaults:
+            out["sparsities"] = list(self.sparsities)
+        return out
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -540,9 +562,10 @@ class RunConfig:
                 "distribution", f"pattern {p.label!r} fixes every group's sparsity, so it needs 'layer', not {self.distribution!r}"
             )
         model = axes.MODELS.get(self.model.name)
-        if p.name == "block" and model.conv:
+        if p.kind.needs_2d and model.conv:
+            flat = " or ".join(m.name for m in axes.MODELS if not m.conv)
             raise ConfigError(
-                "pattern", f"block needs 2-D weights; {model.name} has 4-D Conv2D kernels (use lenet300 or mlp)"
+                "pattern", f"{p.name} needs 2-D weights; {model.name} has 4-D Conv2D kernels (use {flat})"
             )
         if impl.check is not None:
             impl.check(self)
@@ -560,10 +583,9 @@ class RunConfig:
     def schedule_used(self) -> ScheduleConfig | None:
         """The schedule that drives prune's or tfmot's masks: the run's for ``gmp``,
         one-shot for ``one_shot`` and ``snip``, ``None`` for the methods that move masks themselves."""
-        if self.method.name == "one_shot":
-            return ScheduleConfig(kind="one_shot", begin=self.method.params.at)
-        if self.method.name == "snip":
-            return ScheduleConfig(kind="one_shot", begin=0.0)
+        at = self.method.spec.one_shot_at
+        if at is not None:
+            return ScheduleConfig(kind="one_shot", begin=at(self.method.params))
         return self.schedule
 
 
@@ -620,128 +642,6 @@ class SweepConfig:
             _range(f"seeds[{i}]", s, 0, 2**31 - 1)
 
 
-# -- generic typed construction from plain data ----------------------------------
-# Which dataclass fields may be written as a bare string (the ``name``).
-_SHORTHAND = {
-    DatasetConfig: "name",
-    ModelConfig: "name",
-    ImplementationConfig: "name",
-    ScheduleConfig: "kind",
-    PatternConfig: "name",
-}
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _convert(tp: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, path)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(path, f"must be a list, got {type(value).__name__} {value!r}")
-        (inner, _ellipsis) = typing.get_args(tp)
-        return tuple(_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value))
-    if tp is MethodConfig:
-        return _method_from(value, path)
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, str) and tp in _SHORTHAND:
-            value = {_SHORTHAND[tp]: value}
-        return from_dict(tp, value, path)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, f"must be a number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"must be an integer, got {type(value).__name__} {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(path, f"must be a string, got {type(value).__name__} {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(path, f"must be true or false, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config type {_type_name(tp)} at {path}")  # a bug in this module, not user input
-
-
-def from_dict(cls: type, data: Any, path: str = "") -> Any:
-    """Build dataclass ``cls`` from plain data, checking keys, types and ranges.
-
-    Args:
-        cls: A config dataclass of this module.
-        data: A dict (as parsed from TOML or JSON).
-        path: Dotted path of ``data`` for error messages.
-
-    Raises:
-        ConfigError: unknown or missing key, wrong type, or invalid value,
-            naming the field's path.
-    """
-    where = f"{path}." if path else ""
-    if not isinstance(data, dict):
-        raise ConfigError(path, f"must be a table, got {type(data).__name__} {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{where}{key}", f"unknown key{hint} (valid keys: {', '.join(fields)})")
-    kwargs = {}
-    for name, field in fields.items():
-        if name in data:
-            kwargs[name] = _convert(hints[name], data[name], f"{where}{name}")
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{where}{name}", "is required")
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise ConfigError(f"{where}{e.path}", e.message) from None
-
-
-def to_dict(config: Any, drop_defaults: bool = False) -> Any:
-    """Plain-data form of a config tree (tuples become lists).
-
-    Args:
-        config: A config dataclass (or a value inside one).
-        drop_defaults: Leave out fields equal to their default (the form hashed).
-    """
-    if isinstance(config, MethodConfig):  # flat: {name, <its params>, sparsities}
-        out = {"name": config.name, **to_dict(config.params, drop_defaults)}
-        if config.sparsities or not drop_defaults:
-            out["sparsities"] = list(config.sparsities)
-        return out
-    if dataclasses.is_dataclass(config):
-        out = {}
-        for f in dataclasses.fields(config):
-            value = getattr(config, f.name)
-            if drop_defaults and f.default is not dataclasses.MISSING and value == f.default:
-                continue
-            out[f.name] = to_dict(value, drop_defaults)
-        return out
-    if isinstance(config, tuple):
-        return [to_dict(v, drop_defaults) for v in config]
-    return config
-
-
-def canonical_json(config: Any) -> str:
-    """Sorted, compact JSON of ``config`` without defaulted fields."""
-    return json.dumps(to_dict(config, drop_defaults=True), sort_keys=True, separators=(",", ":"))
-
-
-def config_hash(config: Any) -> str:
-    """SHA-256 hex digest of :func:`canonical_json`."""
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
-
-
 def parse_sweep(data: dict[str, Any]) -> SweepConfig:
     """Validate plain data (a parsed TOML document) into a :class:`SweepConfig`."""
     return from_dict(SweepConfig, data)
@@ -753,13 +653,4 @@ def load_sweep(path: str | Path) -> SweepConfig:
     Raises:
         ConfigError: the file cannot be read, is not TOML, or is invalid.
     """
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise ConfigError("", f"cannot read config {str(p)!r}: {e.strerror or e}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError("", f"{str(p)!r} is not valid TOML: {e}") from None
-    return parse_sweep(data)
+    return parse_sweep(load_toml(path))

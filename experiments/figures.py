@@ -266,9 +266,9 @@ def main_table(runs: pd.DataFrame, diverged: pd.DataFrame | None = None) -> pd.D
         table = table.merge(counts, on=["label", "target"], how="outer")
         table["diverged"] = table["diverged"].fillna(0).astype(int)
         table["seeds"] = table["seeds"].fillna(0).astype(int)
-        from experiments.plotting import _order_key
+        from experiments.plots.style import order_key
 
-        table["_order"] = [_order_key(v)[0] for v in table["label"]]
+        table["_order"] = [order_key(v)[0] for v in table["label"]]
         table = table.sort_values(["_order", "label", "target"], kind="mergesort").drop(columns="_order")
     table.insert(1, "sparsity_pct", table.pop("target") * 100.0)
     return table.rename(columns={"label": "implementation"}).reset_index(drop=True)

@@ -1,4 +1,4 @@
-"""Lottery tickets in the runner: iterative magnitude pruning with rewinding, as resumable levels.
+"""Lottery tickets in the runner: the file-backed level store of :func:`prune.imp.train_levels`, and method ``imp``.
 
 One run of method ``imp`` (Frankle and Carbin, ICLR 2019; Frankle et al.,
 ICML 2020) trains ``1 + 3 (L - 1)`` networks of ``run.model`` on ``run.dataset``
@@ -27,105 +27,150 @@ level is on disk and every training is seeded, the rows are identical to an
 uninterrupted run's. ``run_dir/levels.csv`` is rewritten (atomically) after
 every level.
 
-The run's result (accuracy, sparsity report, latency, checkpoint) describes
-the ticket at the last level, measured as :func:`experiments.implementations.train_keras3`
-measures a masked run.
+The level loop is the library's (:func:`prune.imp.train_levels`, with the one
+:class:`prune.imp.ImpParams`); this module owns the files (:class:`FileLevelStore`)
+and says how the runner builds and trains a level's network. The run's result
+(accuracy, sparsity report, latency, checkpoint) describes the ticket at the
+last level, measured as every Keras 3 run is (:func:`experiments.train.measure_keras3`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
 import shutil
-import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from experiments import axes
 from experiments.config import RunConfig
 from experiments.data import Data
+from experiments.library_names import IMP_SCOPES
+from experiments.library_names import imp as _imp
 from experiments.models import seeded_model
 from experiments.store import atomic_write
 from experiments.tables import LEVEL_COLUMNS, TableError, levels_text, read_level
-from experiments.train import Diverged, TrainResult, make_optimizer, run_outcome, steps_per_epoch, train, weight_report
+from experiments.train import Diverged, TrainResult, make_optimizer, measure_keras3, steps_per_epoch, train
 
-__all__ = ["ImpParams", "CONTROLS", "LEVEL_COLUMNS", "train_imp", "level_seed"]
+__all__ = ["ImpParams", "CONTROLS", "VARIANTS", "LEVEL_COLUMNS", "FileLevelStore", "train_imp", "train_method", "level_seed"]
 
-CONTROLS = ("reinit", "random")
-VARIANTS = ("ticket", *CONTROLS)
-
-
-@dataclasses.dataclass(frozen=True)
-class ImpParams:
-    """The parameters of iterative magnitude pruning with rewinding.
-
-    Attributes:
-        rate: Fraction of the remaining weights pruned per level, in (0, 1)
-            (Frankle and Carbin's ``p``; 0.2 for LeNet-300-100).
-        rewind_step: Survivors are rewound to their values after this many
-            steps of level-0 training (0: the original initialisation;
-            Frankle et al., ICML 2020, rewind to an early step ``k``).
-        controls: Any of ``"reinit"`` (same mask, fresh initial values) and
-            ``"random"`` (random mask with the ticket's per-layer counts).
-        stops: Sparsities no level may jump past; each is reached exactly
-            (the run's sparsity is always the last level).
-    """
-
-    rate: float = 0.2
-    rewind_step: int = 0
-    controls: tuple[str, ...] = CONTROLS
-    stops: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        r = self.rate
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 < r < 1.0:
-            raise ValueError(f"rate must be a number in (0, 1), got {r!r}")
-        k = self.rewind_step
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"rewind_step must be an integer >= 0, got {k!r}")
-        if isinstance(self.controls, str) or not isinstance(self.controls, (tuple, list)):
-            raise ValueError(f"controls must be a list of {list(CONTROLS)}, got {self.controls!r}")
-        bad = [c for c in self.controls if c not in CONTROLS]
-        if bad or len(set(self.controls)) != len(self.controls):
-            raise ValueError(f"controls must be distinct names from {list(CONTROLS)}, got {list(self.controls)!r}")
-        if isinstance(self.stops, str) or not isinstance(self.stops, (tuple, list)):
-            raise ValueError(f"stops must be a list of sparsities in (0, 1), got {self.stops!r}")
-        for i, s in enumerate(self.stops):
-            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0.0 < s < 1.0:
-                raise ValueError(f"stops[{i}] must be a sparsity in (0, 1), got {s!r}")
-        object.__setattr__(self, "controls", tuple(self.controls))
-        object.__setattr__(self, "stops", tuple(float(s) for s in self.stops))
+ImpParams = _imp.ImpParams
+CONTROLS = _imp.CONTROLS
+VARIANTS = _imp.VARIANTS
+level_seed = _imp.level_seed
 
 
-def level_seed(seed: int, level: int, variant: str) -> int:
-    """The seed of one training, from ``(run seed, level, variant)`` only (so resumed levels are identical)."""
-    rng = np.random.default_rng([int(seed), int(level), zlib.crc32(variant.encode())])
-    return int(rng.integers(2**31 - 1))
-
-
-def _check(run: RunConfig, params: ImpParams) -> list[float]:
-    """Everything that can be refused, before any file is written; returns the level sparsities."""
-    from prune.lottery import sparsity_path
-
+def _check(run: RunConfig, params: ImpParams) -> None:
+    """What a run must be for IMP, refused before any file is written."""
     if not isinstance(params, ImpParams):
         raise TypeError(f"params must be an ImpParams, got {type(params).__name__}")
-    if run.implementation.name != "masked":
+    runs_on = axes.METHODS.get("imp").runs_on
+    if run.implementation.name not in runs_on:
         raise ValueError(
-            f"method 'imp' runs with implementation 'masked' only (it rewinds masked weights), got {run.implementation.name!r}"
+            f"method 'imp' runs with implementation {' or '.join(map(repr, runs_on))} only (it rewinds masked weights), "
+            f"got {run.implementation.name!r}"
         )
-    if run.distribution not in ("layer", "global"):
+    if run.distribution not in IMP_SCOPES:
         raise ValueError(f"method 'imp' prunes with distribution 'layer' or 'global', got {run.distribution!r}")
     if run.pattern.name != "unstructured":
         raise ValueError(f"method 'imp' prunes single weights (pattern 'unstructured'), got {run.pattern.label!r}")
     if run.criterion != "magnitude":
         raise ValueError(f"method 'imp' prunes by magnitude (criterion 'magnitude'), got {run.criterion!r}")
-    return sparsity_path(run.sparsity, params.rate, params.stops)
 
 
-# -- one training ----------------------------------------------------------------------
+# -- the levels on disk --------------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_state(path: Path, values: Mapping[str, Any], masks: Mapping[str, Any]) -> None:
+    arrays = {f"v:{k}": v for k, v in values.items()}
+    arrays.update({f"m:{k}": m for k, m in masks.items()})
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    with open(path, "w") as fh:
+        json.dump(payload, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+class FileLevelStore:
+    """IMP's levels in ``levels/NN/`` folders (a :class:`prune.imp.LevelStore`).
+
+    A level is written into a temporary folder (``level.json``, one ``.npz``
+    per state: ``v:<path>`` values, ``m:<key>`` masks), fsynced, then renamed
+    into place, so a folder that exists is a finished level; temporary folders
+    left by a killed process are removed when the store is opened. A
+    ``level.json`` that cannot be read (a half-written copy, a disk error) is
+    logged by name, and its folder and every later one removed, so those
+    levels are redone.
+
+    Args:
+        root: The ``levels`` folder (created).
+        log: Writes one line to the run's log.
+    """
+
+    def __init__(self, root: Path, log: Callable[[str], None] = lambda line: None) -> None:
+        self.root = Path(root)
+        self.log = log
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(".*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def _folder(self, level: int) -> Path:
+        return self.root / f"{level:02d}"
+
+    def levels(self) -> list[int]:
+        return sorted(int(p.name) for p in self.root.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def read(self, level: int) -> dict[str, Any] | None:
+        if not self._folder(level).is_dir():
+            return None
+        try:
+            return read_level(self._folder(level) / "level.json")
+        except TableError as e:
+            self.log(f"imp level {level}: {e}; redoing level {level} and the levels after it")
+            for n in self.levels():
+                if n >= level:
+                    shutil.rmtree(self._folder(n))
+            return None
+
+    def state(self, level: int, name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        with np.load(self._folder(level) / f"{name}.npz") as z:
+            values = {k[2:]: z[k] for k in z.files if k.startswith("v:")}
+            masks = {k[2:]: z[k] for k in z.files if k.startswith("m:")}
+        return values, masks
+
+    def write(self, level: int, record: dict[str, Any], states: Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]]) -> None:
+        tmp = self.root / f".{level:02d}.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, (values, masks) in states.items():
+            _save_state(tmp / f"{name}.npz", values, masks)
+        _write_json(tmp / "level.json", record)
+        _fsync_dir(tmp)
+        os.replace(tmp, self._folder(level))
+        _fsync_dir(self.root)
+
+
+# -- one training, as the runner trains --------------------------------------------------------------
 
 
 def _masked_model(run: RunConfig, data: Data) -> tuple[Any, dict[str, float]]:
@@ -141,210 +186,38 @@ def _masked_model(run: RunConfig, data: Data) -> tuple[Any, dict[str, float]]:
     return model, positions
 
 
-def _measured_sparsity(model: Any) -> float:
-    import prune
+def _fit(run: RunConfig, data: Data, log: Callable[[str], None]) -> Callable[..., Any]:
+    """``fit`` for :func:`prune.imp.train_levels`: :func:`experiments.train.train`, the run's optimizer and data order."""
+    import keras
 
-    nnz = size = 0
-    for layer in prune.prunable_layers(model):
-        for name in layer.prunable_weight_names:
-            value = np.asarray(layer.masked_weight(name))
-            nnz += int(np.count_nonzero(value))
-            size += int(value.size)
-    return 1.0 - nnz / size if size else 0.0
-
-
-def _save_state(path: Path, values: dict[str, np.ndarray], masks: dict[str, np.ndarray]) -> None:
-    arrays = {f"v:{k}": v for k, v in values.items()}
-    arrays.update({f"m:{k}": m for k, m in masks.items()})
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _load_state(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    with np.load(path) as z:
-        values = {k[2:]: z[k] for k in z.files if k.startswith("v:")}
-        masks = {k[2:]: z[k] for k in z.files if k.startswith("m:")}
-    return values, masks
-
-
-class _Training:
-    """One training of one variant at one level; the trained model and what was measured."""
-
-    def __init__(
-        self,
-        run: RunConfig,
-        data: Data,
-        log: Callable[[str], None],
-        level: int,
-        variant: str,
-        values: dict[str, np.ndarray] | None,
-        masks: dict[str, np.ndarray] | None,
-        snapshot_step: int | None = None,
-    ) -> None:
-        import keras
-
-        from prune import lottery
-
-        model, self.positions = _masked_model(run, data)
-        if values is not None:
-            lottery.rewind(model, values, masks)
-        keras.utils.set_random_seed(level_seed(run.seed, level, variant))
+    def fit(model: Any, level: int, variant: str, callbacks: list[Any]) -> Any:
         model.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-        callbacks = []
-        self.snapshot = lottery.snapshot(model) if snapshot_step == 0 else None
-        if snapshot_step:
-            callbacks.append(_snapshot_at(keras, snapshot_step, self))
-        log(f"imp level {level} {variant}: training at sparsity {_measured_sparsity(model):.6f}")
-        self.status = "ok"
+        status = "ok"
         try:
-            self.result = train(model, data, run, keras, callbacks, log)
+            r = train(model, data, run, keras, callbacks, log)
         except Diverged as e:
-            self.status = "diverged"
-            self.result = TrainResult(e.curves, [], float("nan"), float("nan"), e.final, model)
-        self.model = model
-        self.sparsity = _measured_sparsity(model)
-
-    def row(self, level: int, variant: str) -> dict[str, Any]:
-        f = self.result.final
-        return dict(
-            level=level,
-            variant=variant,
-            sparsity=self.sparsity,
-            remaining=1.0 - self.sparsity,
-            test_accuracy=f.get("test_accuracy", float("nan")),
-            test_loss=f.get("test_loss", float("nan")),
-            train_accuracy=f.get("train_accuracy", float("nan")),
-            train_loss=f.get("train_loss", float("nan")),
-            status=self.status,
-        )
-
-
-def _snapshot_at(keras: Any, step: int, owner: _Training) -> Any:
-    from prune import lottery
-
-    class SnapshotAt(keras.callbacks.Callback):
-        """Copies the trainable variables after ``step`` training steps (across ``fit`` calls)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.steps = 0
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            self.steps += 1
-            if self.steps == step:
-                owner.snapshot = lottery.snapshot(self.model)
-
-    return SnapshotAt()
-
-
-# -- the levels on disk --------------------------------------------------------------
-
-
-def _commit_level(levels: Path, level: int, files: Callable[[Path], None]) -> Path:
-    """Write a level's files into a temporary folder, fsync, then rename it to ``levels/NN``."""
-    final = levels / f"{level:02d}"
-    tmp = levels / f".{level:02d}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    files(tmp)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    fd = os.open(levels, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return final
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    with open(path, "w") as fh:
-        json.dump(payload, fh, indent=1, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _run_level(
-    run: RunConfig, data: Data, log: Callable[[str], None], params: ImpParams, levels: Path, level: int, sparsity: float
-) -> None:
-    from prune import lottery
-
-    if level == 0:
-        ticket = _Training(run, data, log, 0, "ticket", None, None, snapshot_step=params.rewind_step)
-        rewind_values = ticket.snapshot  # None only if training diverged before rewind_step
-        trainings = {"ticket": ticket}
-    else:
-        rewind_values, _ = _load_state(levels / "00" / "rewind.npz")
-        previous, previous_masks = _load_state(levels / f"{level - 1:02d}" / "ticket.npz")
-        model, _ = _masked_model(run, data)
-        lottery.rewind(model, previous, previous_masks)
-        keep = lottery.magnitude_masks(model, sparsity, scope=run.distribution)
-        trainings = {"ticket": _Training(run, data, log, level, "ticket", rewind_values, keep)}
-        for variant in params.controls:
-            seed = level_seed(run.seed, level, variant)
-            if variant == "reinit":
-                values, masks = lottery.reinit_values(model, seed), keep
-            else:
-                values, masks = rewind_values, lottery.random_masks(keep, seed)
-            trainings[variant] = _Training(run, data, log, level, variant, values, masks)
-    ticket = trainings["ticket"]
-    rows = [trainings[v].row(level, v) for v in VARIANTS if v in trainings]
-    r = ticket.result
-    record = dict(
-        rows=rows,
-        target_sparsity=sparsity,
-        ticket=dict(
+            status = "diverged"
+            r = TrainResult(e.curves, [], float("nan"), float("nan"), e.final, model)
+        f = r.final
+        metrics = {k: f.get(k, float("nan")) for k in ("test_accuracy", "test_loss", "train_accuracy", "train_loss")}
+        record = dict(
             final=r.final,
             curves=[list(c) for c in r.curves],
             step_times=r.step_times,
             fit_seconds=r.fit_seconds,
             eval_seconds=r.eval_seconds,
-        ),
-    )
+        )
+        return _imp.Trained(status, metrics, record)
 
-    def files(tmp: Path) -> None:
-        if ticket.status == "ok":
-            _save_state(tmp / "ticket.npz", lottery.snapshot(ticket.model), lottery.current_masks(ticket.model))
-        if level == 0 and rewind_values is not None:
-            _save_state(tmp / "rewind.npz", rewind_values, {})
-        _write_json(tmp / "level.json", record)
-
-    _commit_level(levels, level, files)
+    return fit
 
 
-def _read_level(levels: Path, level: int) -> dict[str, Any]:
-    return read_level(levels / f"{level:02d}" / "level.json")
-
-
-def _finished_level(levels: Path, level: int, log: Callable[[str], None]) -> dict[str, Any] | None:
-    """Level ``level``'s record if its folder is complete; a damaged ``level.json`` (a half-written copy, a
-    disk error) is logged by name, and its folder and every later one removed, so those levels are redone."""
-    if not (levels / f"{level:02d}").is_dir():
-        return None
-    try:
-        return _read_level(levels, level)
-    except TableError as e:
-        log(f"imp level {level}: {e}; redoing level {level} and the levels after it")
-        for folder in sorted(levels.iterdir()):
-            if folder.is_dir() and folder.name.isdigit() and int(folder.name) >= level:
-                shutil.rmtree(folder)
-        return None
+def _curves(record: dict[str, Any]) -> list[tuple[int, str, float]]:
+    return [(int(e), str(m), float(v)) for e, m, v in record["ticket"]["curves"]]
 
 
 def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None], params: ImpParams) -> dict[str, Any]:
-    """Run iterative magnitude pruning with rewinding for ``run``, resuming at the first unfinished level.
-
-    References: Frankle and Carbin, "The Lottery Ticket Hypothesis: Finding
-    Sparse, Trainable Neural Networks", ICLR 2019; Frankle, Dziugaite, Roy and
-    Carbin, "Linear Mode Connectivity and the Lottery Ticket Hypothesis",
-    ICML 2020 (rewinding to step ``k``).
+    """Run method ``imp`` for ``run`` (:func:`prune.imp.train_levels`), resuming at the first unfinished level.
 
     Args:
         run: Uses ``sparsity`` (the last level), ``seed``, ``training``,
@@ -352,9 +225,9 @@ def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], No
             ``global``); needs implementation ``masked``. Its schedule is not used.
         data: The loaded dataset.
         run_dir: The run's folder; levels go to ``run_dir/levels/``, the
-            table to ``run_dir/levels.csv``.
+            table to ``run_dir/levels.csv`` (rewritten atomically after every level).
         log: Writes one line to the run's log.
-        params: :class:`ImpParams`.
+        params: :class:`prune.imp.ImpParams`.
 
     Returns:
         The keys of :func:`experiments.implementations.train_keras3`'s result,
@@ -366,54 +239,46 @@ def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], No
         Diverged: the ticket of some level diverged (its level is kept on disk).
     """
     import keras
-    import tensorflow as tf
 
     import prune
-    from experiments.implementations import _kernels, _variable_bytes
     from prune import lottery
 
-    path = _check(run, params)
+    _check(run, params)
     total_steps = run.training.epochs * steps_per_epoch(len(data.x_train), run.training.batch_size)
     if params.rewind_step > total_steps:
         raise ValueError(f"rewind_step must be at most the {total_steps} steps of level-0 training, got {params.rewind_step}")
-    levels = Path(run_dir) / "levels"
-    levels.mkdir(parents=True, exist_ok=True)
-    for stale in levels.glob(".*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
-    rows: list[dict[str, Any]] = []
-    for level, sparsity in enumerate(path):
-        record = _finished_level(levels, level, log)
-        if record is not None:
-            if record["target_sparsity"] != sparsity:
-                raise ValueError(
-                    f"{levels / f'{level:02d}'} was made for sparsity {record['target_sparsity']!r}, this run asks "
-                    f"{sparsity!r}; remove {levels} to start over"
-                )
-            log(f"imp level {level} at sparsity {sparsity!r}: done before, skipped")
-        else:
-            _run_level(run, data, log, params, levels, level, sparsity)
-            record = _read_level(levels, level)
-        rows.extend(record["rows"])
-        atomic_write(Path(run_dir) / "levels.csv", levels_text(rows))
-        t = record["ticket"]
-        curves = [(int(e), str(m), float(v)) for e, m, v in t["curves"]]
-        if record["rows"][0]["status"] == "diverged":
-            raise Diverged(f"imp ticket diverged at level {level}", curves, t["final"], max([c[0] for c in curves] or [0]))
+    run_dir = Path(run_dir)
+    store = FileLevelStore(run_dir / "levels", log)
+    try:
+        done = _imp.train_levels(
+            lambda: _masked_model(run, data)[0],
+            _fit(run, data, log),
+            run.sparsity,
+            params,
+            store,
+            scope=run.distribution,
+            seed=run.seed,
+            log=log,
+            progress=lambda rows: atomic_write(run_dir / "levels.csv", levels_text(rows)),
+        )
+    except _imp.TicketDiverged as e:
+        curves = _curves(e.record)
+        raise Diverged(str(e), curves, e.record["ticket"]["final"], max([c[0] for c in curves] or [0])) from None
 
-    # The ticket at the last level, measured as train_keras3 measures a masked run.
-    values, masks = _load_state(levels / f"{len(path) - 1:02d}" / "ticket.npz")
+    # The ticket at the last level, measured as every Keras 3 run is.
+    t = done.record["ticket"]
+    values, masks = store.state(done.level, "ticket")
     model, positions = _masked_model(run, data)
     lottery.rewind(model, values, masks)
     model.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    result = TrainResult(curves, list(t["step_times"]), t["fit_seconds"], t["eval_seconds"], t["final"], model)
-    kernels = _kernels(prune.strip_pruning(model))
-    report = weight_report(
-        [(layer, w, value, positions.get(layer, 1.0), "pruned") for layer, ws in kernels.items() for w, value in ws]
+    result = TrainResult(_curves(done.record), list(t["step_times"]), t["fit_seconds"], t["eval_seconds"], t["final"], model)
+    out = measure_keras3(
+        result, model, prune.strip_pruning(model), positions, "pruned", data.x_test, run_dir / "checkpoint.weights.h5"
     )
-    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
-    out = run_outcome(
-        result, report, predict, data.x_test, model, Path(run_dir) / "checkpoint.weights.h5", _variable_bytes(model), "keras"
-    )
-    out["kernels"] = {layer: ws[0][1] for layer, ws in kernels.items()}
-    out["levels"] = rows
+    out["levels"] = done.rows
     return out
+
+
+def train_method(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """``imp``'s ``train`` entry of :data:`experiments.axes.METHODS`: :func:`train_imp` with the run's own parameters."""
+    return train_imp(run, data, Path(run_dir), log, run.method.params)

@@ -50,11 +50,12 @@ import numpy as np
 
 from experiments import axes
 from experiments.axes import schedule_args
-from experiments.config import GRADIENT_CRITERIA, RunConfig
+from experiments.config import RunConfig
+from experiments.library_names import GRADIENT_CRITERIA
 from experiments.data import Data
 from experiments.models import seeded_model
 from experiments.registry import resolve
-from experiments.train import make_optimizer, run_outcome, steps_per_epoch, train, weight_report
+from experiments.train import make_optimizer, measure_keras3, steps_per_epoch, train
 
 __all__ = [
     "train_keras3",
@@ -111,15 +112,6 @@ def update_step(run: RunConfig, data: Data) -> Any:
     return prune.UpdatePruningStep(gradient_data=gradient_batch(run, data))
 
 
-def _kernels(model: Any) -> dict[str, list[tuple[str, np.ndarray]]]:
-    """Dense kernels of a plain model, by layer name."""
-    return {layer.name: [("kernel", np.asarray(layer.kernel.numpy()))] for layer in model.layers if hasattr(layer, "kernel")}
-
-
-def _variable_bytes(model: Any) -> int:
-    return int(sum(np.asarray(v.numpy()).nbytes for v in model.weights))
-
-
 def masked_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
     """``prune.prune_low_magnitude`` with the run's schedule (prune's default for methods without one)."""
     import prune
@@ -170,7 +162,6 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
         ``kernels`` (the final dense kernels by layer, zeros in place).
     """
     import keras
-    import tensorflow as tf
 
     plain, positions = seeded_model(run, data, keras)
     spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
@@ -189,18 +180,10 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     if finish is not None:
         finish()
 
-    # The deployed form and its dense equivalent (for nnz and FLOPs).
+    # The deployed form's dense equivalent (for nnz and FLOPs); latency and checkpoint of the model itself.
     dense_equiv = resolve(impl.deployed)(model) if impl.deployed else model
     status = "pruned" if impl.prunes else "dense"
-    kernels = _kernels(dense_equiv)
-    report = weight_report(
-        [(layer, w, value, positions.get(layer, 1.0), status) for layer, ws in kernels.items() for w, value in ws]
-    )
-    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
-    out = run_outcome(
-        result, report, predict, data.x_test, model, run_dir / "checkpoint.weights.h5", _variable_bytes(model), "keras"
-    )
-    out["kernels"] = {layer: ws[0][1] for layer, ws in kernels.items()}  # final dense kernels, for tests
+    out = measure_keras3(result, model, dense_equiv, positions, status, data.x_test, run_dir / "checkpoint.weights.h5")
     if impl.takes_matmul:  # the kernels it actually ran on, and the native build's flags when that ran
         from prune import native
 

@@ -19,10 +19,9 @@ from experiments.data import Data
 from experiments.store import atomic_write
 from experiments.tables import MASK_UPDATE_COLUMNS
 
-__all__ = ["scheduled", "sparse_training", "train_imp", "MASK_UPDATE_COLUMNS", "DST_DISTRIBUTION"]
+from experiments.library_names import DST_DISTRIBUTION, DST_METHODS
 
-DST_DISTRIBUTION = {"layer": "uniform", "erk": "erk"}
-"""The run's ``distribution`` as :func:`prune.sparse_init`'s: ``layer`` is every weight at the target."""
+__all__ = ["scheduled", "sparse_training", "train_imp", "MASK_UPDATE_COLUMNS", "DST_DISTRIBUTION"]
 
 
 def scheduled(run: RunConfig, data: Data, model: Any, spe: int, run_dir: Path) -> tuple[list[Any], None]:
@@ -52,7 +51,7 @@ def sparse_training(
 
     prune.sparse_init(model, run.sparsity, distribution=DST_DISTRIBUTION[run.distribution], seed=run.seed)
     callbacks: list[Any] = []
-    if run.method.name in ("set", "rigl"):
+    if run.method.name in DST_METHODS:
         p = run.method.params
         total = spe * run.training.epochs
         callbacks.append(
@@ -63,7 +62,7 @@ def sparse_training(
                 end_step=max(1, int(round(p.end * total))),
                 decay=p.decay,
                 seed=run.seed,
-                gradient_data=fixed_batch(run, data) if run.method.name == "rigl" else None,
+                gradient_data=fixed_batch(run, data) if DST_METHODS[run.method.name] else None,
             )
         )
 
@@ -81,11 +80,7 @@ def sparse_training(
 
 
 def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """``imp``: ``experiments.imp.train_imp`` with the run's method parameters (imported only here)."""
-    try:
-        from experiments import imp
-    except ImportError as e:
-        raise RuntimeError(f"method 'imp' needs experiments.imp, which cannot be imported: {e}") from None
-    p = run.method.params
-    params = imp.ImpParams(rate=p.rate, rewind_step=p.rewind_step, controls=tuple(p.controls), stops=tuple(p.stops))
-    return imp.train_imp(run, data, Path(run_dir), log, params)
+    """The old name of ``imp``'s ``train`` entry; it is :func:`experiments.imp.train_method`."""
+    from experiments.imp import train_method
+
+    return train_method(run, data, run_dir, log)

@@ -161,13 +161,14 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPER
 def config_columns(run: RunConfig, sweep: str) -> dict[str, Any]:
     """The config part of a run's row."""
     s = run.schedule
-    prunes = axes.IMPLEMENTATIONS.get(run.implementation.name).prunes
+    impl = axes.IMPLEMENTATIONS.get(run.implementation.name)
+    prunes = impl.prunes
     return dict(
         run_id=run.run_id,
         config_hash=config_hash(run),
         sweep=sweep,
         implementation=run.implementation.name,
-        matmul=run.implementation.matmul if run.implementation.name == "sparse_tensor" else "",
+        matmul=run.implementation.matmul if impl.takes_matmul else "",
         dataset=run.dataset.name,
         model=run.model.label,
         target_sparsity=run.sparsity,

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.config import RunConfig, TrainingConfig
+from experiments.library_names import REPORT_COLUMNS
 
 __all__ = [
     "Diverged",
@@ -50,6 +51,9 @@ __all__ = [
     "latency_ms",
     "run_outcome",
     "RssSampler",
+    "dense_kernels",
+    "variable_bytes",
+    "measure_keras3",
     "weight_report",
     "REPORT_COLUMNS",
     "steps_per_epoch",
@@ -59,19 +63,6 @@ WARMUP_STEPS = 5
 DIVERGENCE_FACTOR = 10.0
 """A final training loss above this multiple of the first batch's loss is a diverged run (e.g. 8e23 at lr 1e12)."""
 LATENCY_REPEATS = {1: 50, 256: 10}
-# Same columns as prune.sparsity_report, so per-run reports of every implementation line up.
-REPORT_COLUMNS = [
-    "layer",
-    "weight",
-    "shape",
-    "nnz",
-    "size",
-    "sparsity",
-    "dense_flops",
-    "nonzero_flops",
-    "dense_bytes",
-    "status",
-]
 
 
 class Diverged(Exception):
@@ -286,6 +277,48 @@ def run_outcome(
         latency_b256_ms=lat256,
         keras_impl=keras_impl,
     )
+
+
+def dense_kernels(model: Any) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """The kernels of a plain (dense-layer) model as numpy arrays, by layer name: ``{layer: [("kernel", array)]}``."""
+    return {layer.name: [("kernel", np.asarray(layer.kernel.numpy()))] for layer in model.layers if hasattr(layer, "kernel")}
+
+
+def variable_bytes(model: Any) -> int:
+    """Bytes of every variable of ``model`` (weights, masks, counters)."""
+    return int(sum(np.asarray(v.numpy()).nbytes for v in model.weights))
+
+
+def measure_keras3(
+    result: TrainResult, model: Any, deployed: Any, positions: dict[str, float], status: str, x_test: np.ndarray,
+    checkpoint: Any,
+) -> dict[str, Any]:
+    """:func:`run_outcome` of a trained Keras 3 model, plus ``kernels`` (its final dense kernels by layer).
+
+    The weight report is taken on ``deployed`` (the model's dense equivalent,
+    zeros in place), latency on ``model`` itself, which is also what
+    ``checkpoint`` saves. Every Keras 3 run measures its result this way
+    (:func:`experiments.implementations.train_keras3`, :func:`experiments.imp.train_imp`).
+
+    Args:
+        result: What :func:`train` returned.
+        model: The trained model, as its users run it.
+        deployed: Its dense equivalent.
+        positions: Applications per example by layer name (:func:`experiments.models.layer_positions`).
+        status: The report's ``status`` column (``"pruned"`` or ``"dense"``).
+        x_test: Inputs to time it on.
+        checkpoint: Path of the ``.weights.h5`` file.
+    """
+    import tensorflow as tf
+
+    kernels = dense_kernels(deployed)
+    report = weight_report(
+        [(layer, w, value, positions.get(layer, 1.0), status) for layer, ws in kernels.items() for w, value in ws]
+    )
+    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+    out = run_outcome(result, report, predict, x_test, model, checkpoint, variable_bytes(model), "keras")
+    out["kernels"] = {layer: ws[0][1] for layer, ws in kernels.items()}
+    return out
 
 
 def _rss_bytes() -> int:

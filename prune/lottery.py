@@ -18,8 +18,8 @@ The two controls of Frankle and Carbin train the same number of weights:
 mask with the same number of weights per layer (:func:`random_masks`).
 
 The pieces here are small functions on a built model whose prunable layers are
-prune's masked layers (:func:`prune.prune_low_magnitude`); the loop is yours
-(or the runner's, :mod:`experiments.imp`)::
+prune's masked layers (:func:`prune.prune_low_magnitude`); the loop is yours,
+or :func:`prune.imp.train_levels` (resumable levels in a store you supply)::
 
     model = prune.prune_low_magnitude(build())           # all-ones masks
     init = lottery.snapshot(model)                       # k = 0

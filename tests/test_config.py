@@ -352,3 +352,37 @@ def test_sparse_tensor_takes_the_native_matmul() -> None:
     assert impl.label == "sparse_tensor-native"
     with pytest.raises(ValueError, match="matmul"):
         ImplementationConfig("masked", "native")
+
+
+@pytest.mark.parametrize("sweep", ["paper", "patterns", "methods", "speed"])
+def test_every_committed_run_rehashes_to_its_folder(sweep):
+    """Each committed run's recorded config, read by today's code, hashes to its folder and its recorded hash,
+    and the sweep file, expanded today, names only committed folders (speed: a subset was run)."""
+    folders = sorted((REPO / "results" / sweep / "runs").glob("*/config.json"))
+    assert folders
+    for path in folders:
+        record = json.loads(path.read_text())
+        run = from_dict(RunConfig, record["run"])
+        assert run.run_id == path.parent.name and config_hash(run) == record["config_hash"]
+    expected = {r.run_id for r in expand(load_sweep(REPO / "experiments" / "configs" / f"{sweep}.toml"))}
+    names = {p.parent.name for p in folders}
+    assert names <= expected if sweep == "speed" else names == expected
+
+
+def test_library_names_equal_the_library_registries():
+    """experiments.library_names lists what the runner's main process cannot import yet; it equals the library."""
+    import prune
+    from experiments import axes, library_names
+    from prune import dst, imp, lottery, masks, patterns, report, scoring
+
+    assert set(library_names.CRITERIA) == set(scoring.criteria())
+    gradient = {c for c in scoring.criteria() if "gradient" in scoring.get_criterion(c).needs}
+    assert set(library_names.GRADIENT_CRITERIA) == gradient
+    assert library_names.DISTRIBUTIONS == masks.SCOPES
+    assert set(library_names.IMP_SCOPES) <= set(lottery.SCOPES)  # the runner's IMP runs with these
+    assert tuple(library_names.DST_METHODS) == dst.METHODS
+    assert set(library_names.DST_DISTRIBUTION.values()) == set(dst.DISTRIBUTIONS)
+    assert library_names.PATTERN_CLASSES == tuple(patterns.patterns())
+    assert library_names.REPORT_COLUMNS == report.REPORT_COLUMNS
+    assert {k.library for k in axes.PATTERNS} == set(patterns.patterns())
+    assert library_names.imp is imp and axes.ImpParams is imp.ImpParams and prune.lottery is lottery

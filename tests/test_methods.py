@@ -58,9 +58,9 @@ def error_of(**changes) -> ConfigError:
         ([{"name": "rigl", "end": 0}], "methods[0].end", "must be a fraction of training in (0, 1], got 0"),
         ([{"name": "rigl", "decay": "linear"}], "methods[0].decay", "unknown decay 'linear' (valid: constant, cosine)"),
         ([{"name": "static", "drop_fraction": 0.3}], "methods[0].drop_fraction", "unknown key for method 'static' (valid keys: name, sparsities)"),
-        ([{"name": "imp", "rate": 1.0}], "methods[0].rate", "must be in (0, 1), got 1.0"),
-        ([{"name": "imp", "controls": ["reinit", "reinit"]}], "methods[0].controls", "lists a control twice"),
-        ([{"name": "imp", "controls": ["shuffle"]}], "methods[0].controls[0]", "unknown control 'shuffle'"),
+        ([{"name": "imp", "rate": 1.0}], "methods[0].rate", "must be a number in (0, 1), got 1.0"),
+        ([{"name": "imp", "controls": ["reinit", "reinit"]}], "methods[0].controls", "must be distinct names from ['reinit', 'random'], got ['reinit', 'reinit']"),
+        ([{"name": "imp", "controls": ["shuffle"]}], "methods[0].controls", "must be distinct names from ['reinit', 'random'], got ['shuffle']"),
         ([{"name": "imp", "stops": [0.4, 0.2]}], "methods[0].stops", "must be strictly increasing, got [0.4, 0.2]"),
         ([{"name": "imp", "stops": [0.2, 0.6]}], "method.stops[1]", "is 0.6, not below the run's sparsity 0.5"),
         ([{"name": "imp", "sparsities": [1.0]}], "methods[0].sparsities[0]", "must be < 1.0, got 1.0"),
@@ -205,8 +205,9 @@ def test_run_one_does_not_import_the_tfmot_baseline_and_neither_imports_keras_3(
         "import sys, experiments.run_one, experiments.__main__, experiments.train\n"
         "assert 'experiments.tfmot_baseline' not in sys.modules\n"
         "import experiments.tfmot_baseline\n"
+        # prune.imp, which imports no TensorFlow, is loaded without the prune package (experiments.library_names)
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'prune', 'tensorflow', 'tf_keras'))\n"
-        "assert not heavy, heavy\n"
+        "assert heavy in ([], ['prune.imp']), heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
