@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.test_architecture import _cycles as cycles  # one cycle finder (Tarjan) for prune/ and experiments/
+
 PACKAGE = Path(__file__).resolve().parent.parent / "experiments"
 LIMIT = 700  # lines; "about 600", the largest schema module (config.py) included
 
@@ -59,40 +61,8 @@ def module_graph() -> dict[str, set[str]]:
     return graph
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle (as a path that returns to its start) per strongly connected group of more than one module."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def connect(v: str) -> None:  # Tarjan's algorithm
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                connect(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1 or v in graph[v]:
-                found.append(sorted(group) + [sorted(group)[0]])
-
-    for v in sorted(graph):
-        if v not in index:
-            connect(v)
-    return found
-
-
 def test_the_checker_finds_a_circle_and_accepts_a_tree():
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
     tree = ast.parse(
         "import experiments.x\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from experiments.y import Y\n"
