@@ -14,6 +14,7 @@ Nothing else in ``experiments/`` spells these names.
 from __future__ import annotations
 
 from prune import imp
+from prune.counting import REPORT_COLUMNS as _REPORT_COLUMNS
 from prune.distributions import distributions as _distributions
 from prune.patterns import _POOLINGS
 from prune.patterns import patterns as _patterns
@@ -50,8 +51,5 @@ PATTERN_CLASSES = tuple(_patterns())
 """``prune.patterns.patterns()``: the pattern classes (``experiments.axes.PATTERNS`` names them in sweep files)."""
 POOLINGS = _POOLINGS
 """``prune.patterns.Block``'s poolings."""
-REPORT_COLUMNS = [
-    "layer", "weight", "shape", "nnz", "size", "sparsity", "dense_flops", "nonzero_flops", "dense_bytes", "status"
-]
-"""``prune.report.REPORT_COLUMNS``: every run's weight report has the columns of ``prune.sparsity_report``.
-(``prune.report`` imports Keras 3, which the tfmot process must not, so this one stays a checked copy.)"""
+REPORT_COLUMNS = _REPORT_COLUMNS
+"""``prune.counting.REPORT_COLUMNS``: every run's weight report has the columns of ``prune.sparsity_report``."""

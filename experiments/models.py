@@ -88,18 +88,15 @@ def initial_weights(model: Any, seed: int) -> list[np.ndarray]:
 
 
 def layer_positions(model: Any) -> dict[str, float]:
-    """Times each kernel is applied per example: 1 for Dense, output H*W for Conv2D."""
-    out = {}
-    for layer in model.layers:
-        if not hasattr(layer, "kernel"):
-            continue
-        name = getattr(layer, "base_name", None) or layer.name
-        shape = layer.output.shape if hasattr(layer, "output") else None
-        if len(getattr(layer.kernel, "shape", ())) == 4 and shape is not None:
-            out[name] = float(np.prod([d for d in shape[1:-1]]))
-        else:
-            out[name] = 1.0
-    return out
+    """Times each kernel is applied per example (:func:`prune.counting.applications`, as ``prune.sparsity_report``
+    counts): 1 for Dense on ``[batch, features]``, the output positions H*W for Conv2D. Keras 3 or tf-keras layers."""
+    from prune.counting import applications
+
+    return {
+        (getattr(layer, "base_name", None) or layer.name): applications(layer, "kernel")
+        for layer in model.layers
+        if hasattr(layer, "kernel")
+    }
 
 
 def seeded_model(run: Any, data: Any, keras_module: Any) -> tuple[Any, dict[str, float]]:

@@ -360,30 +360,14 @@ class RssSampler:
 
 
 def weight_report(entries: list[tuple[str, str, np.ndarray, float, str]]) -> pd.DataFrame:
-    """Per-weight sparsity rows with :data:`REPORT_COLUMNS` (the columns of ``prune.sparsity_report``).
+    """Per-weight sparsity rows with the columns of ``prune.sparsity_report`` (:mod:`prune.counting`, shared with it).
 
     Args:
         entries: ``(layer, weight, dense array, applications per example, status)``.
     """
-    rows = []
-    for layer, name, value, positions, status in entries:
-        value = np.asarray(value)
-        nnz = int(np.count_nonzero(value))
-        rows.append(
-            dict(
-                layer=layer,
-                weight=name,
-                shape=tuple(int(d) for d in value.shape),
-                nnz=nnz,
-                size=int(value.size),
-                sparsity=1.0 - nnz / value.size if value.size else 0.0,
-                dense_flops=2.0 * value.size * positions,
-                nonzero_flops=2.0 * nnz * positions,
-                dense_bytes=int(value.nbytes),
-                status=status,
-            )
-        )
-    return pd.DataFrame(rows, columns=REPORT_COLUMNS)
+    from prune.counting import weight_row
+
+    return pd.DataFrame([weight_row(*entry) for entry in entries], columns=REPORT_COLUMNS)
 
 
 def configure_threads(intra: int, inter: int = 1) -> tuple[int, int]:
