@@ -227,9 +227,12 @@ def load_layer_speed(results_root: str | Path = "results") -> pd.DataFrame | Non
     return bench.sort_values(keys, kind="mergesort").reset_index(drop=True) if keys else bench
 
 
-def _pm(mean: float, std: float, digits: int) -> str:
+def _pm(mean: float, std: float, digits: int, n: int = 2) -> str:
+    """``$mean \\pm std$``, or ``$mean$ (n=1)`` for one seed: a spread of one value is no spread."""
     if pd.isna(mean):
         return "--"
+    if n < 2 or pd.isna(std):
+        return f"${mean:.{digits}f}$ (n={int(n)})"
     return f"${mean:.{digits}f} \\pm {std:.{digits}f}$"
 
 
@@ -275,15 +278,20 @@ def main_table(runs: pd.DataFrame, diverged: pd.DataFrame | None = None) -> pd.D
 
 
 def _latex(table: pd.DataFrame, caption: str) -> str:
-    """``main_table`` as a booktabs LaTeX table (pandas ``to_latex``)."""
+    """``main_table`` as a booktabs LaTeX table (pandas ``to_latex``); a one-seed cell shows ``(n=1)``, not ``\\pm 0``."""
+    seeds = table["seeds"].fillna(0).astype(int).tolist()
     shown = pd.DataFrame(
         {
             "Implementation": [v.replace("_", r"\_") for v in table["implementation"]],
             "Sparsity (\\%)": [f"{v:g}" for v in table["sparsity_pct"]],
-            "Accuracy (\\%)": [_pm(m, s, 2) for m, s in zip(table["accuracy_pct_mean"], table["accuracy_pct_std"])],
-            "Step time (\\(\\times\\) dense)": [_pm(m, s, 2) for m, s in zip(table["step_rel_mean"], table["step_rel_std"])],
-            "Latency b1 (ms)": [_pm(m, s, 3) for m, s in zip(table["latency_b1_ms_mean"], table["latency_b1_ms_std"])],
-            "Latency b256 (ms)": [_pm(m, s, 2) for m, s in zip(table["latency_b256_ms_mean"], table["latency_b256_ms_std"])],
+            "Accuracy (\\%)": [_pm(m, s, 2, n) for m, s, n in zip(table["accuracy_pct_mean"], table["accuracy_pct_std"], seeds)],
+            "Step time (\\(\\times\\) dense)": [
+                _pm(m, s, 2, n) for m, s, n in zip(table["step_rel_mean"], table["step_rel_std"], seeds)
+            ],
+            "Latency b1 (ms)": [_pm(m, s, 3, n) for m, s, n in zip(table["latency_b1_ms_mean"], table["latency_b1_ms_std"], seeds)],
+            "Latency b256 (ms)": [
+                _pm(m, s, 2, n) for m, s, n in zip(table["latency_b256_ms_mean"], table["latency_b256_ms_std"], seeds)
+            ],
         }
     )
     fmt = "llrrrr"

@@ -63,7 +63,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def format_summary(summary: pd.DataFrame) -> str:
-    """``mean ± std`` text table of :func:`summarize`."""
+    """``mean ± std`` text table of :func:`summarize`; a one-seed cell shows ``(n=1)``, not ``± 0``."""
     if summary.empty:
         return "(no finished runs)"
     # the axis columns only where the sweep varies them (a sweep without the axes prints as before)
@@ -71,8 +71,12 @@ def format_summary(summary: pd.DataFrame) -> str:
     out = summary[shown].copy()
     for metric, title in _METRICS.items():
         digits = 4 if metric in ("test_accuracy", "sparsity") else 3
-        mean, std = summary[f"{metric}_mean"], summary[f"{metric}_std"].fillna(0.0)
-        out[title] = [f"{m:.{digits}f} ± {s:.{digits}f}" if np.isfinite(m) else "n/a" for m, s in zip(mean, std)]
+        mean, std, seeds = summary[f"{metric}_mean"], summary[f"{metric}_std"], summary["seeds"]
+        out[title] = [
+            "n/a" if not np.isfinite(m) else f"{m:.{digits}f} (n={int(n)})" if n < 2 or not np.isfinite(s)
+            else f"{m:.{digits}f} ± {s:.{digits}f}"
+            for m, s, n in zip(mean, std, seeds)
+        ]
         if "diverged" in summary:  # a cell where every seed diverged
             out.loc[(summary["seeds"] == 0).to_numpy(), title] = "diverged"
     out["seeds"] = summary["seeds"]

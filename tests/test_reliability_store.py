@@ -199,3 +199,24 @@ def test_summary_keeps_diverged_runs_out_of_means_and_counts_them():
     text = format_summary(summarize(runs))
     assert "diverged" in text.splitlines()[0]
     assert text.splitlines()[2].split()[5] == "diverged"  # the 0.9 cell's accuracy column
+
+
+def test_a_single_seed_shows_n_not_a_zero_spread():
+    """One seed has no spread: the console and the LaTeX table say n=1 instead of '± 0'."""
+    from experiments.figures import _latex, main_table
+
+    runs = pd.DataFrame(
+        dict(
+            dataset="digits", model="mlp", schedule="polynomial", implementation=["dense", "masked", "masked"],
+            matmul="", target_sparsity=[0.0, 0.9, 0.5], seed=[0, 0, 0], status="ok", test_accuracy=[0.9, 0.901, 0.95],
+            sparsity=[0.0, 0.9, 0.5], step_time_ms=1.0, latency_b1_ms=1.0, latency_b256_ms=1.0,
+        )
+    )
+    text = format_summary(summarize(runs))
+    assert "0.9010 (n=1)" in text and "±" not in text
+    two = pd.concat([runs, runs.assign(seed=1, test_accuracy=[0.9, 0.903, 0.95])])
+    assert "0.9020 ± 0.0014" in format_summary(summarize(two))
+    for frame, want, spread in ((runs, "$90.10$ (n=1)", False), (two, "$90.20 \\pm 0.14$", True)):
+        table = main_table(frame.assign(label=frame["implementation"], target=frame["target_sparsity"]))
+        tex = _latex(table, "caption")
+        assert want in tex and ("\\pm" in tex) == spread, tex
