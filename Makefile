@@ -41,9 +41,9 @@ test-pythons: $(STAMP)
 	PYENV_VERSION="$(PYENV_PYTHONS)" $(PY) -m nox
 
 figures: $(STAMP)
-	$(PY) -m experiments figures paper
-	$(PY) -m experiments figures patterns
-	$(PY) -m experiments figures methods
+	$(PY) -m experiments figures experiments/configs/paper.toml
+	$(PY) -m experiments figures experiments/configs/patterns.toml
+	$(PY) -m experiments figures experiments/configs/methods.toml
 
 bench: $(STAMP)
 	$(PY) benchmarks/fit_step.py

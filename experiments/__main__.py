@@ -124,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--results", default="results", help="results root (default ./results)")
     run.add_argument("--dry-run", action="store_true", help="list the grid and write nothing")
     run.add_argument("--retry-failed", action="store_true", help="run failed runs again (default: keep them)")
-    sub.add_parser("figures", help="redraw a sweep's figures from its tables (figures SWEEP --help)", add_help=False)
+    run.add_argument("--figures", action="store_true", help="then redraw the sweep's figures (else the command is printed)")
+    sub.add_parser("figures", help="redraw a sweep's figures from its tables (figures CONFIG.toml --help)", add_help=False)
     st = sub.add_parser("status", help="done, failed and missing runs of a sweep")
     st.add_argument("config", help="sweep TOML file")
     st.add_argument("--results", default="results", help="results root (default ./results)")
@@ -383,6 +384,16 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
     failed = int((~frame["status"].isin(["ok", "diverged"])).sum())
     if failed:
         print(f"\n{failed} failed run(s); see `python -m experiments status {args.config}`", file=sys.stderr)
+    results_flag = "" if Path(args.results) == Path("results") else f" --results {args.results}"
+    figures_cmd = ["figures", args.config, *(["--results", args.results] if results_flag else [])]
+    if getattr(args, "figures", False):
+        from experiments.figures import main as figures_main
+
+        print(f"\nfigures: python -m experiments {' '.join(figures_cmd)}")
+        if figures_main(figures_cmd[1:]) != 0:
+            return EXIT_USAGE
+    else:
+        print(f"\nfigures: python -m experiments figures {args.config}{results_flag}")
     return EXIT_FAILED_RUNS if failed else EXIT_OK
 
 

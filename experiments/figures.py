@@ -2,7 +2,7 @@
 
 ::
 
-    python -m experiments figures SWEEP [--out DIR] [--results-root results] [--curve-sparsity S]
+    python -m experiments figures CONFIG.toml|SWEEP [--out DIR] [--results results] [--curve-sparsity S]
 
 Reads only ``<results-root>/SWEEP/runs.csv`` and ``curves.csv``, plus
 ``<results-root>/benchmarks/layer_speed.csv`` where it exists, and writes into
@@ -510,9 +510,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m experiments figures",
         description="Redraw a sweep's figures (PNG, PDF) and main LaTeX table from its committed tables, byte for byte.",
     )
-    p.add_argument("sweep", help="sweep folder under the results root, e.g. paper")
-    p.add_argument("--out", help="output folder (default RESULTS_ROOT/SWEEP/figures)")
-    p.add_argument("--results-root", default="results", help="results root (default ./results)")
+    p.add_argument(
+        "sweep",
+        help="the sweep TOML file, as run and status take it (e.g. experiments/configs/paper.toml); "
+        "or its name, the folder under the results root (e.g. paper)",
+    )
+    p.add_argument("--out", help="output folder (default RESULTS/SWEEP/figures)")
+    p.add_argument("--results", "--results-root", dest="results_root", default="results",
+                   help="results root, as for run and status (default ./results; --results-root is the old spelling)")
     p.add_argument("--curve-sparsity", type=float, help="target sparsity of the accuracy-curve figure (default 0.9 or the highest)")
     return p
 
@@ -524,6 +529,14 @@ def main(argv: list[str] | None = None) -> int:
         argv: Arguments after ``figures`` (default ``sys.argv[1:]``).
     """
     args = _parser().parse_args(argv)
+    if args.sweep.endswith(".toml") or Path(args.sweep).is_file():  # the sweep file: its name names the folder
+        from experiments.config import ConfigError, load_sweep
+
+        try:
+            args.sweep = load_sweep(args.sweep).name
+        except (ConfigError, OSError) as e:
+            print(f"error: invalid config {args.sweep}: {e}", file=sys.stderr)
+            return 2
     skipped: list[str] = []
     notes: list[str] = []
     try:

@@ -386,3 +386,15 @@ def test_synthetic_latency_crossover_is_marked(synthetic: Path) -> None:
     expected = plotting.crossover(st["target"], st["mean"], dense)
     assert expected is not None and 0.5 < expected < 0.9
     assert xs == [pytest.approx(expected)]
+
+
+def test_figures_takes_the_sweep_file_and_results_flag_as_run_does(tmp_path: Path) -> None:
+    """``figures CONFIG.toml --results DIR`` (run's and status's way to name a sweep) draws what ``figures NAME`` does."""
+    by_file, by_name = tmp_path / "file", tmp_path / "name"
+    config = REPO / "experiments" / "configs" / "patterns.toml"
+    assert figures.main([str(config), "--results", str(REPO / "results"), "--out", str(by_file)]) == 0
+    assert figures.main(["patterns", "--results-root", str(REPO / "results"), "--out", str(by_name)]) == 0
+    assert _hashes(by_file) == _hashes(by_name) and _hashes(by_file)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = 3\n")
+    assert figures.main([str(bad), "--out", str(tmp_path / "bad")]) == 2 and not (tmp_path / "bad").exists()

@@ -94,6 +94,7 @@ def test_diverged_cell_is_a_result_and_damaged_files_are_repaired(tmp_path):
     assert rows["digits"]["status"] == "ok"
     assert rows["synthetic"]["status"] == "diverged" and "more than 10 x the first batch" in rows["synthetic"]["error"]
     assert "diverged" in out.stdout and "excluded from the means" in out.stdout
+    assert f"figures: python -m experiments figures {config} --results {results}" in out.stdout  # what to run next
     summary = {r["dataset"]: r for r in read_csv(root / "summary.csv")}
     assert summary["synthetic"]["seeds"] == "0" and summary["synthetic"]["diverged"] == "1"
     assert summary["synthetic"]["test_accuracy_mean"] == ""
