@@ -32,22 +32,18 @@ through :mod:`experiments.tables` (types per column, text only, named errors):
 :meth:`Store.read` applies the same reconciliation in memory only (for
 ``status``), so ``status`` counts what ``run`` acts on.
 
-One writer per folder: :class:`SweepLock` (``fcntl.flock`` on
-``<sweep>/.lock``, which names the holder's host and pid).
+One writer per folder: :class:`experiments.lock.SweepLock` (``fcntl.flock`` on
+``<sweep>/.lock``, which names the holder's host and pid; re-exported here).
 """
 
 from __future__ import annotations
 
 import csv
 import errno
-import fcntl
 import io
 import json
 import math
 import os
-import socket
-import sys
-import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -55,6 +51,7 @@ import pandas as pd
 
 from experiments import axes, tables
 from experiments.config import RunConfig, config_hash
+from experiments.lock import Locked, SweepLock
 from experiments.tables import OPTIONAL_RUN_COLUMNS, TableError
 
 __all__ = [
@@ -303,132 +300,6 @@ def read_result(path: Path) -> dict[str, Any] | None:
     if record["row"]["run_id"] != Path(path).parent.name:
         raise ValueError(f"{path}: holds run {record['row']['run_id']!r}, not {Path(path).parent.name!r}")
     return record
-
-
-class Locked(Exception):
-    """Another live process holds the results folder's lock."""
-
-
-class SweepLock:
-    """Exclusive lock on a results folder for one ``run``: ``<root>/.lock``.
-
-    Taken with ``fcntl.flock`` (non-blocking), which the kernel releases when the
-    holder exits in any way (``kill -9`` included), so a lock left by a dead
-    process is simply taken over; the file's content (host, pid, start time,
-    command) is only there to name the holder. On a file system where
-    ``flock`` is not supported (``ENOLCK``/``EOPNOTSUPP``; some network file
-    systems) the lock falls back to the content: a holder on this host that is
-    no longer running is taken over, a live one or one on another host is
-    refused (delete the file once you are sure that run is gone). On NFS,
-    Linux maps ``flock`` to NFS byte-range locks, which hold across hosts.
-
-    Args:
-        root: ``results/<sweep>`` (created if missing).
-        command: How to name the holder's command in the lock file (default ``sys.argv``).
-    """
-
-    def __init__(self, root: Path, command: str | None = None) -> None:
-        self.path = Path(root) / ".lock"
-        self.command = command if command is not None else " ".join(sys.argv)
-        self._fd: int | None = None
-        self.took_over: str | None = None
-
-    @staticmethod
-    def _holder(text: str) -> dict[str, Any]:
-        try:
-            info = json.loads(text)
-            return info if isinstance(info, dict) else {}
-        except ValueError:
-            return {}
-
-    @staticmethod
-    def describe(info: dict[str, Any]) -> str:
-        """``pid N on host H since T (command)`` for a lock file's content."""
-        if not info:
-            return "an unknown process (the lock file is empty)"
-        return f"pid {info.get('pid')} on host {info.get('host')} since {info.get('started_at')} ({info.get('command', '')})"
-
-    def holder(self) -> dict[str, Any] | None:
-        """The live holder's description, or ``None`` if the folder is free (read-only check, for ``status``)."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        return None
-
-    def acquire(self) -> None:
-        """Take the lock or raise :class:`Locked` naming the holder."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                info = self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-                raise Locked(f"results folder {str(self.path.parent)!r} is in use by {self.describe(info)}") from None
-            except OSError as e:
-                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
-                self._check_content(fd)
-            previous = self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-            if previous:
-                self.took_over = self.describe(previous)
-            me = {
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "command": self.command[:300],
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-
-    def _check_content(self, fd: int) -> None:
-        info = self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-        if not info:
-            return
-        if info.get("host") != socket.gethostname():
-            raise Locked(
-                f"results folder {str(self.path.parent)!r} is in use by {self.describe(info)} "
-                f"(this file system has no flock; if that run is gone, delete {str(self.path)!r})"
-            )
-        try:
-            os.kill(int(info.get("pid", -1)), 0)
-        except ProcessLookupError:
-            return  # dead on this host: take over
-        except (PermissionError, ValueError, TypeError):
-            pass
-        raise Locked(f"results folder {str(self.path.parent)!r} is in use by {self.describe(info)}")
-
-    def release(self) -> None:
-        """Clear the holder's name and release the lock."""
-        if self._fd is None:
-            return
-        try:
-            os.ftruncate(self._fd, 0)
-        except OSError:
-            pass
-        os.close(self._fd)  # closing releases the flock
-        self._fd = None
-
-    def __enter__(self) -> "SweepLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
 
 
 class Store:

@@ -35,7 +35,7 @@ from prune.layers.masked import (
 from prune.distributions import get_distribution
 from prune.notices import PruningWarning
 from prune.patterns import pattern_from_args
-from prune.pruning import iter_layers, prunable_layers
+from prune.pruning import prunable_layers
 from prune.policy import PruningPolicy
 from prune.registry import keeps_dense, masked_class_for, unsupported
 from prune.schedules import ConstantSparsity, as_schedule

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import keras
