@@ -57,6 +57,8 @@ from experiments.tables import OPTIONAL_RUN_COLUMNS, TableError
 __all__ = [
     "RUN_COLUMNS",
     "CURVE_COLUMNS",
+    "LAYER_COLUMNS",
+    "layer_rows",
     "STORAGE_ERRNOS",
     "CONFIG_COLUMNS",
     "Store",
@@ -151,6 +153,9 @@ AXIS_COLUMNS = ("pattern", "criterion", "distribution", "method")
 before them has every other column; its rows are read with the defaults those runs used (empty for dense)."""
 AXIS_DEFAULTS = {"pattern": "unstructured", "criterion": "magnitude", "distribution": "layer", "method": "gmp"}
 CURVE_COLUMNS = ["run_id", "epoch", "metric", "value"]
+LAYER_COLUMNS = ["run_id", "layer", "weight", "sparsity"]
+"""``layer_sparsity.csv``, the tidy long form of runs.csv's ``layer_sparsity`` cells (one row per run and weight).
+Derived from runs.csv: written with each run and rebuilt whenever ``run`` opens the folder."""
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 """``OSError`` numbers that mean the results cannot be written (not a fault of the run)."""
 
@@ -224,6 +229,28 @@ def _csv_text(rows: Iterable[dict[str, Any]], columns: list[str], header: bool) 
     for row in rows:
         writer.writerow({k: _cell(row.get(k, "")) for k in columns})
     return buf.getvalue()
+
+
+def layer_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:data:`LAYER_COLUMNS` rows of runs' ``layer_sparsity`` (a dict, or its JSON as runs.csv holds it).
+
+    Raises:
+        ValueError: a cell that is neither empty nor a JSON object of numbers, naming the run.
+    """
+    out = []
+    for row in rows:
+        cell = row.get("layer_sparsity", "")
+        if cell in ("", None) or (isinstance(cell, float) and math.isnan(cell)):
+            continue
+        try:
+            per = json.loads(cell) if isinstance(cell, str) else dict(cell)
+            items = sorted((str(k), float(v)) for k, v in per.items())
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"run {row.get('run_id')!r}: layer_sparsity {cell!r} is not an object of numbers ({e})") from None
+        for key, value in items:
+            layer, _, weight = key.rpartition("/")
+            out.append(dict(run_id=row["run_id"], layer=layer, weight=weight, sparsity=value))
+    return out
 
 
 def _cell(value: Any) -> Any:
@@ -327,6 +354,7 @@ class Store:
         self.root = Path(root)
         self.runs_path = self.root / "runs.csv"
         self.curves_path = self.root / "curves.csv"
+        self.layers_path = self.root / "layer_sparsity.csv"
         self.hand_made = hand_made
         self.rows: dict[str, dict[str, str]] = {}
         self.header: list[str] = RUN_COLUMNS
@@ -496,6 +524,11 @@ class Store:
         if cdirty or not self.curves_path.exists():
             atomic_write(self.curves_path, _csv_text(curves, CURVE_COLUMNS, header=True))
         self.rows, self.curves, self.header = unique, curves, RUN_COLUMNS
+        self._write_layers()
+
+    def _write_layers(self) -> None:
+        """Rewrite ``layer_sparsity.csv`` from the rows (it is derived, so whatever it held before is replaced)."""
+        atomic_write(self.layers_path, _csv_text(layer_rows(self.rows.values()), LAYER_COLUMNS, header=True))
 
     def _check_levels(self, rows: dict[str, dict[str, str]]) -> list[str]:
         """Check every IMP run's ``levels.csv`` against its level folders and rewrite it where they restore it
@@ -543,6 +576,8 @@ class Store:
             self._append(self.curves_path, _csv_text(curves, CURVE_COLUMNS, header=False))
         self._append(self.runs_path, _csv_text([row], RUN_COLUMNS, header=False))
         self.rows[run_id] = _row_cells(row)
+        self._append(self.layers_path, _csv_text(layer_rows([row]), LAYER_COLUMNS, header=False))  # after the row:
+        # a crash between the two leaves the row without its layers, and the next open rebuilds them
 
     def remove(self, run_ids: list[str]) -> None:
         """Drop runs (rows and curves), rewriting both files atomically."""
@@ -551,6 +586,7 @@ class Store:
         atomic_write(self.runs_path, _csv_text(self.rows.values(), RUN_COLUMNS, header=True))
         curves = _read_rows(self.curves_path, CURVE_COLUMNS)
         atomic_write(self.curves_path, _csv_text([c for c in curves if c["run_id"] not in drop], CURVE_COLUMNS, True))
+        self._write_layers()
 
     def frame(self) -> pd.DataFrame:
         """runs.csv as a DataFrame."""

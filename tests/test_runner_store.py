@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 import keras
 import numpy as np
 
@@ -68,3 +70,31 @@ def test_weight_report_matches_prune_sparsity_report():
     for col in ("layer", "nnz", "size", "dense_flops", "nonzero_flops", "dense_bytes"):
         assert list(ours[col]) == list(expected[col]), col
     assert np.allclose(ours["sparsity"], 0.75, atol=0.01)
+
+
+def test_layer_sparsity_is_a_tidy_long_table_beside_runs_csv_and_rebuilt_when_damaged(tmp_path):
+    """layer_sparsity.csv has one row per run and weight (not JSON in a cell); it is derived, so open() rebuilds it."""
+    from experiments.store import LAYER_COLUMNS, layer_rows
+
+    store = Store(tmp_path)
+    store.open()
+    store.add({**row("a"), "layer_sparsity": {"fc2/kernel": 0.5, "fc1/kernel": 0.25}}, curves("a"))
+    store.add({**row("b", "failed")}, [])
+    store.add({**row("c"), "layer_sparsity": {"fc1/kernel": 0.75}}, curves("c"))
+    want = [["a", "fc1", "kernel", "0.25"], ["a", "fc2", "kernel", "0.5"], ["c", "fc1", "kernel", "0.75"]]
+
+    def table():
+        with open(store.layers_path, newline="") as fh:
+            rows = list(csv.reader(fh))
+        return rows[0], rows[1:]
+
+    assert table() == (LAYER_COLUMNS, want)
+    store.layers_path.write_text("garbage\n")  # damaged or stale: the next open rebuilds it from runs.csv
+    Store(tmp_path).open()
+    assert table() == (LAYER_COLUMNS, want)
+    again = Store(tmp_path)
+    again.open()
+    again.remove(["a"])
+    assert table() == (LAYER_COLUMNS, want[2:])
+    with pytest.raises(ValueError, match=r"run 'x': layer_sparsity 'abc' is not an object of numbers"):
+        layer_rows([{"run_id": "x", "layer_sparsity": "abc"}])
