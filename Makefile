@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast test-pythons bench figures clean
+.PHONY: setup demo test test-fast test-pythons bench figures notebooks clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,11 @@ figures: $(STAMP)
 	$(PY) -m experiments figures experiments/configs/paper.toml
 	$(PY) -m experiments figures experiments/configs/patterns.toml
 	$(PY) -m experiments figures experiments/configs/methods.toml
+
+# Execute the notebooks on the committed tables and save them with their outputs (the tests check a fresh run
+# gives the same text outputs and figures).
+notebooks: $(STAMP)
+	cd notebooks && ../$(PY) execute.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/fit_step.py

@@ -4,9 +4,12 @@ Each notebook is executed with nbclient on the ``python3`` kernel, which
 jupyter_client resolves to the interpreter running the tests (the project's
 venv; checked by a cell appended to the in-memory copy), with the working
 directory set to ``notebooks/`` as Jupyter would. Notebooks are committed
-without outputs. Every notebook asserts the claims in its text against the
-data, so a stale claim fails its test; one test changes a number in a copy of
-the data and checks that the notebook then fails.
+with their outputs (``make notebooks``), so that they read on a repository
+page; the runs on the committed tables check that a fresh execution gives the
+committed text outputs and figures (``notebooks/execute.py:text_outputs``).
+Every notebook asserts the claims in its text against the data, so a stale
+claim fails its test; one test changes a number in a copy of the data and
+checks that the notebook then fails.
 
 Data: notebook 01 runs against the committed reference sweep ``results/paper``
 (skipped only while that folder is absent) and, always, against a synthetic
@@ -49,6 +52,22 @@ def _patch(nb: nbformat.NotebookNode, old: str, new: str) -> None:
     hits[0].source = hits[0].source.replace(old, new)
 
 
+def _text_outputs(nb: nbformat.NotebookNode) -> list[list[str]]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notebooks_execute", NOTEBOOKS / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.text_outputs(nb)
+
+
+def assert_reproduces_committed(path: Path, fresh: nbformat.NotebookNode) -> None:
+    """The fresh execution (on the committed data) gives the committed notebook's text outputs and figures."""
+    committed = _text_outputs(nbformat.read(path, as_version=4))
+    got = _text_outputs(fresh)[:-1]  # without the interpreter check appended by run_notebook
+    assert got == committed, f"{path.name}: outputs differ from the committed ones; run `make notebooks`"
+
+
 def run_notebook(path: Path, results_root: Path | None = None, sweep: str | None = None) -> nbformat.NotebookNode:
     """Execute a copy of ``path`` in ``notebooks/``; optionally point it at other data."""
     nb = nbformat.read(path, as_version=4)
@@ -72,7 +91,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.stem)
-def test_notebook_is_committed_without_outputs_and_checks_its_claims(path: Path) -> None:
+def test_notebook_is_committed_with_its_outputs_and_checks_its_claims(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     # nbformat fills missing cell ids in on reading (with a warning that says this becomes an error): check the file.
@@ -80,8 +99,9 @@ def test_notebook_is_committed_without_outputs_and_checks_its_claims(path: Path)
     assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: cells without an id or with a repeated one"
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, path.name
-    for cell in code:
-        assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: cell {cell.get('id')} has outputs"
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), f"{path.name}: not executed in order"
+    assert any(c.outputs for c in code), f"{path.name}: committed without outputs (run `make notebooks`)"
+    assert not any("execution" in c.get("metadata", {}) for c in code), f"{path.name}: wall-clock times committed"
     assert sum("assert " in c.source for c in code) >= 1, f"{path.name}: no cell checks a claim against the data"
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
@@ -89,7 +109,7 @@ def test_notebook_is_committed_without_outputs_and_checks_its_claims(path: Path)
 def test_01_on_the_reference_sweep() -> None:
     if not (RESULTS / "paper" / "runs.csv").is_file():
         pytest.skip("results/paper/runs.csv is not committed yet (run experiments/configs/paper.toml)")
-    run_notebook(NB01)
+    assert_reproduces_committed(NB01, run_notebook(NB01))
 
 
 def test_01_runs_on_a_synthetic_sweep(synthetic: Path) -> None:
@@ -103,7 +123,7 @@ def test_01_runs_on_a_synthetic_sweep(synthetic: Path) -> None:
 def test_02_on_the_committed_layer_benchmark() -> None:
     if not (RESULTS / "benchmarks" / "layer_speed.csv").is_file():
         pytest.skip("results/benchmarks/layer_speed.csv is not committed yet (run benchmarks/layer_speed.py)")
-    run_notebook(NB02)
+    assert_reproduces_committed(NB02, run_notebook(NB02))
 
 
 def test_02_runs_on_a_synthetic_benchmark(synthetic: Path) -> None:
@@ -112,7 +132,7 @@ def test_02_runs_on_a_synthetic_benchmark(synthetic: Path) -> None:
 
 def test_03_on_the_committed_partial_freezing_results() -> None:
     assert (RESULTS / "partial_freezing" / "results.csv").is_file(), "results/partial_freezing/results.csv is committed"
-    run_notebook(NB03)
+    assert_reproduces_committed(NB03, run_notebook(NB03))
 
 
 def test_03_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
@@ -136,6 +156,7 @@ def test_03_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
 def test_04_on_the_committed_methods_sweep() -> None:
     assert (RESULTS / "methods" / "runs.csv").is_file(), "results/methods/runs.csv is committed"
     nb = run_notebook(NB04)
+    assert_reproduces_committed(NB04, nb)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "within 1 point down to 10.0 % remaining, within 3 points down to 5.0 %" in text
 
@@ -165,3 +186,17 @@ def test_04_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
         record_path.write_text(json.dumps(record))
     with pytest.raises(CellExecutionError, match="AssertionError"):
         run_notebook(NB04, results_root=root)
+
+
+def test_a_changed_output_is_told_from_the_committed_one() -> None:
+    """The comparison sees a changed number (and ignores only memory addresses)."""
+    nb = nbformat.read(NB04, as_version=4)
+    fresh = nbformat.read(NB04, as_version=4)
+    fresh.cells.append(nbformat.v4.new_code_cell(CHECK))
+    assert_reproduces_committed(NB04, fresh)
+    stream = next(o for c in fresh.cells if c.cell_type == "code" for o in c.outputs
+                  if o.output_type == "stream" and "93.50%" in o.text)
+    stream.text = stream.text.replace("93.50%", "93.49%", 1)
+    with pytest.raises(AssertionError, match="outputs differ"):
+        assert_reproduces_committed(NB04, fresh)
+    assert nb.cells  # the committed file was only read

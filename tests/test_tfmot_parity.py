@@ -5,7 +5,7 @@ core/sparsity/keras/`` ``pruning_schedule_test.py``, ``prune_test.py``,
 ``pruning_wrapper_test.py``, ``pruning_callbacks_test.py``,
 ``prune_integration_test.py`` and ``pruning_policy_test.py``. Each test names
 the tfmot test it ports. Where ``prune`` differs from tfmot on purpose, the
-test checks ``prune``'s behaviour and says so; the README's "Porting from
+test checks ``prune``'s behaviour and says so; docs/porting-from-tfmot.md's "Porting from
 tfmot" table lists every difference. Models are tiny and train one or a few
 steps, so that the file runs in seconds.
 """
