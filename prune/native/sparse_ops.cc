@@ -478,13 +478,19 @@ void SmallGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
   }
 }
 
-// Reads the structure vector; checks its length and row pointers.
-Status Unpack(const Tensor& structure, int64_t nnz, int64_t n_in, int64_t n_out, Csr* w, Csr* wt) {
-  if (structure.dims() != 1 || structure.dim_size(0) != 3 * nnz + n_in + n_out + 2) {
-    return errors::InvalidArgument("structure must have 3 * nnz + n_in + n_out + 2 = ", 3 * nnz + n_in + n_out + 2,
-                                   " entries for nnz ", nnz, ", got shape ", structure.shape().DebugString());
+#include "block_ops.h"
+
+// Reads the structure vector; checks its length and row pointers (and those of a
+// block section after it, into *blocks; blocks->c stays 0 without one).
+Status Unpack(const Tensor& structure, int64_t nnz, int64_t n_in, int64_t n_out, Csr* w, Csr* wt, BlockCsr* blocks) {
+  const int64_t base = 3 * nnz + n_in + n_out + 2;
+  if (structure.dims() != 1 || structure.dim_size(0) < base) {
+    return errors::InvalidArgument("structure must have 3 * nnz + n_in + n_out + 2 = ", base,
+                                   " entries (then possibly a block section) for nnz ", nnz, ", got shape ",
+                                   structure.shape().DebugString());
   }
   const int32_t* s = structure.flat<int32_t>().data();
+  if (structure.dim_size(0) > base) TF_RETURN_IF_ERROR(UnpackBlocks(s + base, structure.dim_size(0) - base, nnz, n_in, n_out, blocks));
   *w = Csr{s, s + n_in + 1, nullptr, n_in, n_out};
   const int32_t* t = s + n_in + 1 + nnz;
   *wt = Csr{t, t + n_out + 1, t + n_out + 1 + nnz, n_out, n_in};
@@ -515,7 +521,8 @@ class PruneSpmmOp : public OpKernel {
                 errors::InvalidArgument("values must be 1-D, got shape ", values_t.shape().DebugString()));
     const int64_t nnz = values_t.dim_size(0), batch = x_t.dim_size(0);
     Csr w, wt;
-    OP_REQUIRES_OK(ctx, Unpack(ctx->input(2), nnz, n_in_, n_out_, &w, &wt));
+    BlockCsr blocks;
+    OP_REQUIRES_OK(ctx, Unpack(ctx->input(2), nnz, n_in_, n_out_, &w, &wt, &blocks));
     Tensor* y_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, n_y}), &y_t));
     float* y = y_t->flat<float>().data();
@@ -530,7 +537,13 @@ class PruneSpmmOp : public OpKernel {
     // Both directions gather: dx = dy @ W^T along W's rows with the values as
     // stored; y = x @ W along W^T's rows with the values read through tperm.
     if (profile_ == 1) return;  // benchmark only: the checks and the output allocation (y left unwritten)
-    if (transpose_) {  // dx = dy @ W^T: gathers along W's rows, values as stored
+    if (blocks.c != 0 && profile_ != 4) {  // a blocked structure (profile 4: the general kernels instead)
+      if (transpose_) {
+        PRUNE_BLOCK_DISPATCH(blocks.c, BlockInputGrad, ctx, x, batch, blocks, values, nnz, y, &err)
+      } else {
+        PRUNE_BLOCK_DISPATCH(blocks.c, BlockForward, ctx, x, batch, blocks, values, nnz, y, &err)
+      }
+    } else if (transpose_) {  // dx = dy @ W^T: gathers along W's rows, values as stored
       if (batch < kLanes) SmallGather<false>(ctx, x, batch, w, values, nnz, y, &err);
       else TiledGather<false>(ctx, x, batch, w, values, nnz, y, &err, profile_ != 3);
     } else if (batch < kLanes) {  // y = x @ W, small batch: scatters along W's rows, values as stored
@@ -595,7 +608,8 @@ class PruneSddmmOp : public OpKernel {
                 errors::InvalidArgument("values must be 1-D, got shape ", values_t.shape().DebugString()));
     const int64_t nnz = values_t.dim_size(0), batch = x_t.dim_size(0), n_in = n_in_, n_out = n_out_;
     Csr w, wt;
-    OP_REQUIRES_OK(ctx, Unpack(ctx->input(3), nnz, n_in, n_out, &w, &wt));
+    BlockCsr blocks;
+    OP_REQUIRES_OK(ctx, Unpack(ctx->input(3), nnz, n_in, n_out, &w, &wt, &blocks));
     Tensor* dv_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nnz}), &dv_t));
     float* dv = dv_t->flat<float>().data();
@@ -611,7 +625,9 @@ class PruneSddmmOp : public OpKernel {
     const int64_t units = std::min<int64_t>(2 * threads, std::max<int64_t>(1, nnz / 4096));
     const std::vector<int64_t> bounds = SplitRows(w.rp, n_in, units);
 
-    if (batch < kLanes) {
+    if (blocks.c != 0) {
+      PRUNE_BLOCK_DISPATCH(blocks.c, BlockValuesGrad, ctx, x, dy, batch, blocks, nnz, dv, &err)
+    } else if (batch < kLanes) {
       Parallel(ctx, units, [&](int64_t u) {
         for (int64_t i = bounds[u]; i < bounds[u + 1]; ++i) {
           for (int64_t k = w.rp[i]; k < w.rp[i + 1]; ++k) {
