@@ -391,13 +391,64 @@ void RowDots1(const float* x, const Csr& m, const float* vals, int64_t nnz, int6
 }
 #endif
 
+#ifdef __AVX512F__
+// Batch 1 with AVX-512: as RowDots1, sixteen entries per vector gather.
+template <bool kPerm>
+void RowDots1x16(const float* x, const Csr& m, const float* vals, int64_t nnz, int64_t r0, int64_t r1, float* y,
+                 Error* err) {
+  const __m512i col_lim = _mm512_set1_epi32(static_cast<int32_t>(m.n_cols));
+  const __m512i pos_lim = _mm512_set1_epi32(static_cast<int32_t>(nnz));
+  for (int64_t r = r0; r < r1; ++r) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t k = m.rp[r];
+    const int64_t e = m.rp[r + 1];
+    for (; k + 32 <= e; k += 32) {
+      const __m512i c0 = _mm512_loadu_si512(m.cols + k), c1 = _mm512_loadu_si512(m.cols + k + 16);
+      __mmask16 ok = _mm512_cmplt_epu32_mask(c0, col_lim) & _mm512_cmplt_epu32_mask(c1, col_lim);
+      __m512 v0, v1;
+      if (kPerm) {
+        const __m512i p0 = _mm512_loadu_si512(m.perm + k), p1 = _mm512_loadu_si512(m.perm + k + 16);
+        ok &= _mm512_cmplt_epu32_mask(p0, pos_lim) & _mm512_cmplt_epu32_mask(p1, pos_lim);
+        if (ok != 0xFFFF) { err->bad = true; return; }
+        v0 = _mm512_i32gather_ps(p0, vals, 4);
+        v1 = _mm512_i32gather_ps(p1, vals, 4);
+      } else {
+        if (ok != 0xFFFF) { err->bad = true; return; }
+        v0 = _mm512_loadu_ps(vals + k);
+        v1 = _mm512_loadu_ps(vals + k + 16);
+      }
+      a0 = _mm512_fmadd_ps(v0, _mm512_i32gather_ps(c0, x, 4), a0);
+      a1 = _mm512_fmadd_ps(v1, _mm512_i32gather_ps(c1, x, 4), a1);
+    }
+    float s0 = 0.0f, s1 = 0.0f;
+    for (; k + 1 < e; k += 2) {
+      const uint32_t c0 = static_cast<uint32_t>(m.cols[k]), c1 = static_cast<uint32_t>(m.cols[k + 1]);
+      float v0, v1;
+      if (c0 >= m.n_cols || c1 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0) ||
+          !Value<kPerm>(m, vals, nnz, k + 1, &v1)) { err->bad = true; return; }
+      s0 += v0 * x[c0];
+      s1 += v1 * x[c1];
+    }
+    if (k < e) {
+      const uint32_t c0 = static_cast<uint32_t>(m.cols[k]);
+      float v0;
+      if (c0 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0)) { err->bad = true; return; }
+      s0 += v0 * x[c0];
+    }
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + (s0 + s1);
+  }
+}
+#endif
+
 template <int B, bool kPerm>
 void SmallBatch(OpKernelContext* ctx, const float* x, const Csr& m, const float* vals, int64_t nnz, float* y,
                 Error* err) {
   const int64_t units = std::min<int64_t>(2 * NumThreads(ctx), std::max<int64_t>(1, nnz * B / kSmallUnit));
   const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, units);
   Parallel(ctx, units, [&](int64_t u) {
-#ifdef PRUNE_AVX2
+#if defined(__AVX512F__)
+    if (B == 1) return RowDots1x16<kPerm>(x, m, vals, nnz, bounds[u], bounds[u + 1], y, err);
+#elif defined(PRUNE_AVX2)
     if (B == 1) return RowDots1<kPerm>(x, m, vals, nnz, bounds[u], bounds[u + 1], y, err);
 #endif
     RowDots<B, kPerm>(x, m, vals, nnz, bounds[u], bounds[u + 1], y, err);
@@ -546,6 +597,8 @@ class PruneSpmmOp : public OpKernel {
     } else if (transpose_) {  // dx = dy @ W^T: gathers along W's rows, values as stored
       if (batch < kLanes) SmallGather<false>(ctx, x, batch, w, values, nnz, y, &err);
       else TiledGather<false>(ctx, x, batch, w, values, nnz, y, &err, profile_ != 3);
+    } else if (batch == 1 && profile_ == 5) {  // batch 1: a row gather over W^T, values through tperm
+      SmallGather<true>(ctx, x, batch, wt, values, nnz, y, &err);
     } else if (batch < kLanes) {  // y = x @ W, small batch: scatters along W's rows, values as stored
       SmallScatterAny(ctx, x, batch, w, values, nnz, y, &err);
     } else if ((batch + TileVectors(n_in_, batch) * kLanes - 1) / (TileVectors(n_in_, batch) * kLanes) <=
