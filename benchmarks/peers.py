@@ -250,8 +250,10 @@ def markdown(df: pd.DataFrame, header: list[str]) -> str:
         cells = [f"**{row[c]:.3f}**" if row[c] == best else f"{row[c]:.3f}" if pd.notna(row[c]) else "-"
                  for c in impls]
         peers = [row[c] for c in ("scipy", "torch") if c in df.columns and pd.notna(row[c])]
+        ratios = (f"{row['dense'] / row['native']:.2f} | {min(peers) / row['native']:.2f}" if "native" in df.columns
+                  else "- | -")  # without the native library (PRUNE_NATIVE=0) only the peers are timed
         lines.append(f"| {int(row['size'])}² | {int(row['batch'])} | {row['sparsity']:.0%} | " + " | ".join(cells)
-                     + f" | {row['dense'] / row['native']:.2f} | {min(peers) / row['native']:.2f} |")
+                     + f" | {ratios} |")
     return "\n".join(lines) + "\n"
 
 

@@ -107,8 +107,8 @@ typedef float vec __attribute__((vector_size(kVecBytes)));
 
 // Per-thread scratch, grown on demand and reused across calls.
 float* Scratch(int which, size_t n) {
-  thread_local float* bufs[3] = {nullptr, nullptr, nullptr};
-  thread_local size_t caps[3] = {0, 0, 0};
+  thread_local float* bufs[4] = {nullptr, nullptr, nullptr, nullptr};
+  thread_local size_t caps[4] = {0, 0, 0, 0};
   if (caps[which] < n) {
     std::free(bufs[which]);
     bufs[which] = static_cast<float*>(std::aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64));
@@ -200,25 +200,36 @@ inline bool Value(const Csr& m, const float* vals, int64_t nnz, int64_t k, float
   return true;
 }
 
+// Transposes x[b0:b0+tb, c0:c1] into buf[c * W + q], zero for q >= tb.
+void TransposeTile(const float* x, int64_t b0, int64_t tb, int64_t n_cols, int64_t W, int64_t c0, int64_t c1,
+                   float* buf) {
+  for (int64_t c = c0; c < c1; c += 8) {
+    const int64_t cn = std::min<int64_t>(8, c1 - c);
+    for (int64_t q0 = 0; q0 < W; q0 += 8) {
+      const int64_t qn = std::max<int64_t>(0, std::min<int64_t>(8, tb - q0));
+      Transpose8(x + (b0 + q0) * n_cols + c, n_cols, buf + c * W + q0, W, qn, cn);
+      for (int64_t cc = 0; cc < cn; ++cc)
+        for (int64_t q = qn; q < std::min<int64_t>(8, W - q0); ++q) buf[(c + cc) * W + q0 + q] = 0.0f;
+    }
+  }
+}
+
 // Tile of NV vectors of batch rows [b0, b0 + tb), output rows [r0, r1):
-// y[b, r] = sum_k vals[k] * x[b, cols[k]] over row r of the matrix.
+// y[b, r] = sum_k vals[k] * x[b, cols[k]] over row r of the matrix. shared: x's tile
+// already transposed (by TiledGather, for several row ranges at once), else nullptr.
 template <int NV, bool kPerm>
 void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* vals, int64_t nnz, int64_t r0, int64_t r1,
-          float* y, Error* err, bool products) {
+          float* y, Error* err, bool products, const float* shared) {
   constexpr int64_t W = NV * kLanes;
   constexpr int64_t kRowBlock = 64;
   const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
-  float* buf = Scratch(0, n_cols * W);
-  float* obuf = Scratch(1, kRowBlock * W);
-  for (int64_t c0 = 0; c0 < n_cols; c0 += 8) {  // transpose x[b0:b0+tb, :] into buf[c * W + q], zero for q >= tb
-    const int64_t cn = std::min<int64_t>(8, n_cols - c0);
-    for (int64_t q0 = 0; q0 < W; q0 += 8) {
-      const int64_t qn = std::max<int64_t>(0, std::min<int64_t>(8, tb - q0));
-      Transpose8(x + (b0 + q0) * n_cols + c0, n_cols, buf + c0 * W + q0, W, qn, cn);
-      for (int64_t cc = 0; cc < cn; ++cc)
-        for (int64_t q = qn; q < std::min<int64_t>(8, W - q0); ++q) buf[(c0 + cc) * W + q0 + q] = 0.0f;
-    }
+  const float* buf = shared;
+  if (buf == nullptr) {
+    float* own = Scratch(0, n_cols * W);
+    TransposeTile(x, b0, tb, n_cols, W, 0, n_cols, own);
+    buf = own;
   }
+  float* obuf = Scratch(1, kRowBlock * W);
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
     const int64_t re = std::min(r1, rb + kRowBlock);
     for (int64_t r = rb; r < re; ++r) {
@@ -261,6 +272,10 @@ int TileVectors(int64_t n_cols, int64_t batch) {
   return nv;
 }
 
+// Multiply-adds below which the tiled paths run on the calling thread (one thread
+// does about 4-8 per ns there; waking the pool costs tens of microseconds).
+constexpr int64_t kTiledSerial = 1 << 19;
+
 // y = x @ M^T for M given by CSR (rows = outputs): tiles over the batch.
 template <bool kPerm>
 void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, int64_t nnz,
@@ -268,17 +283,32 @@ void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
   const int threads = NumThreads(ctx);
   const int nv = TileVectors(m.n_cols, batch);
   const int64_t w = nv * kLanes, tiles = (batch + w - 1) / w;
-  // Split output rows as well when there are fewer tiles than threads.
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>((2 * threads + tiles - 1) / tiles, (m.n_rows + 63) / 64));
+  // Split output rows as well when there are fewer tiles than threads, unless the whole
+  // product is smaller than waking the pool costs (kTiledSerial).
+  const bool serial = m.rp[m.n_rows] * batch < kTiledSerial;
+  const int64_t splits =
+      serial ? 1 : std::max<int64_t>(1, std::min<int64_t>((2 * threads + tiles - 1) / tiles, (m.n_rows + 63) / 64));
   const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, splits);
-  Parallel(ctx, tiles * splits, [&](int64_t u) {
-    const int64_t t = u / splits, s = u % splits;
-    const int64_t b0 = t * w, tb = std::min(w, batch - b0);
-    if (bounds[s] >= bounds[s + 1]) return;
-    switch (nv) {
-      case 4: Tile<4, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products); break;
-      case 2: Tile<2, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products); break;
-      default: Tile<1, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products); break;
+  // One tile split over row ranges: transpose it once, in parallel, for all of them.
+  float* shared = nullptr;
+  if (tiles == 1 && splits > 1) {
+    shared = Scratch(3, m.n_cols * w);  // the calling thread's buffer, read by the pool's threads
+    const int64_t step = (m.n_cols + 8 * splits - 1) / (8 * splits) * 8;
+    Parallel(ctx, splits, [&](int64_t s) {
+      const int64_t c0 = std::min(m.n_cols, s * step), c1 = std::min(m.n_cols, c0 + step);
+      TransposeTile(x, 0, batch, m.n_cols, w, c0, c1, shared);
+    });
+  }
+  Parallel(ctx, serial ? 1 : tiles * splits, [&](int64_t u) {
+    for (int64_t v = serial ? 0 : u, e = serial ? tiles * splits : u + 1; v < e; ++v) {
+      const int64_t t = v / splits, s = v % splits;
+      const int64_t b0 = t * w, tb = std::min(w, batch - b0);
+      if (bounds[s] >= bounds[s + 1]) continue;
+      switch (nv) {
+        case 4: Tile<4, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products, shared); break;
+        case 2: Tile<2, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products, shared); break;
+        default: Tile<1, kPerm>(x, b0, tb, m, vals, nnz, bounds[s], bounds[s + 1], y, err, products, shared); break;
+      }
     }
   });
 }
