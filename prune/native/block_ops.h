@@ -73,8 +73,7 @@ Status UnpackBlocks(const int32_t* s, int64_t len, int64_t nnz, int64_t n_in, in
   b->toff = b->trows + nb;
   for (auto [rp, n] : {std::pair<const int32_t*, int64_t>{b->brp, n_in}, {b->tcp, b->n_cb}}) {
     if (rp[0] != 0 || rp[n] != nb) return errors::InvalidArgument("structure block pointers do not span the tiles");
-    for (int64_t r = 0; r < n; ++r)
-      if (rp[r + 1] < rp[r]) return errors::InvalidArgument("structure block pointers decrease at ", r);
+    if (!NonDecreasing(rp, n)) return errors::InvalidArgument("structure block pointers decrease");
   }
   return OkStatus();
 }
