@@ -309,7 +309,10 @@ void BlockInputGradChunk(const float* dy, int64_t b0, int64_t nbr, const BlockCs
   std::memset(dxt, 0, sizeof(float) * m.n_in * kLanes);
   for (int64_t jb = 0; jb < m.n_cb; ++jb) {
     const int64_t width = m.Width(jb);
-    const vec* d = reinterpret_cast<const vec*>(dyt + jb * C * kLanes);
+    vec d[C];  // the column block's C columns, in registers for all its tiles (a pointer into dyt was
+               // reloaded per tile, as dxt's stores might alias it: two loads per FMA)
+#pragma GCC unroll 32
+    for (int l = 0; l < C; ++l) d[l] = reinterpret_cast<const vec*>(dyt + jb * C * kLanes)[l];
     for (int64_t t = m.tcp[jb], e = m.tcp[jb + 1]; t < e; ++t) {
       const uint32_t i = static_cast<uint32_t>(m.trows[t]), off = static_cast<uint32_t>(m.toff[t]);
       if (i >= m.n_in || off + width > nnz) { err->bad = true; return; }
@@ -329,8 +332,8 @@ void BlockInputGradChunk(const float* dy, int64_t b0, int64_t nbr, const BlockCs
       *reinterpret_cast<vec*>(dxt + i * kLanes) += (a0 + a1) + (a2 + a3);
     }
   }
-  for (int64_t b = 0; b < nbr; ++b)
-    for (int64_t i = 0; i < m.n_in; ++i) dx[(b0 + b) * m.n_in + i] = dxt[i * kLanes + b];
+  for (int64_t i = 0; i < m.n_in; ++i)  // dxt read in order, dx written along nbr rows
+    for (int64_t b = 0; b < nbr; ++b) dx[(b0 + b) * m.n_in + i] = dxt[i * kLanes + b];
 }
 
 template <int C>
@@ -472,10 +475,13 @@ void BlockValuesGrad(OpKernelContext* ctx, const float* x, const float* dy, int6
     float* xt = Scratch(2, m.n_in * bp);  // the calling thread's; read by the units below
     const int64_t units = BlockUnits(ctx, m.nb * C * batch, m.n_cb);
     const int64_t step = (m.n_in + units - 1) / units;
-    Parallel(ctx, units, [&](int64_t u) {
+    Parallel(ctx, units, [&](int64_t u) {  // in blocks of 64 inputs: x's rows read in lines, few pages at once
       const int64_t i0 = std::min(m.n_in, u * step), i1 = std::min(m.n_in, i0 + step);
-      for (int64_t i = i0; i < i1; ++i)
-        for (int64_t b = 0; b < bp; ++b) xt[i * bp + b] = b < batch ? x[b * m.n_in + i] : 0.0f;
+      for (int64_t ib = i0; ib < i1; ib += 64) {
+        const int64_t ie = std::min(i1, ib + 64);
+        for (int64_t b = 0; b < bp; ++b)
+          for (int64_t i = ib; i < ie; ++i) xt[i * bp + b] = b < batch ? x[b * m.n_in + i] : 0.0f;
+      }
     });
     const std::vector<int64_t> bounds = SplitRows(m.tcp, m.n_cb, units);
     Parallel(ctx, units, [&](int64_t u) {
