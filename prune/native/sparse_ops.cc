@@ -511,7 +511,22 @@ void ScatterRows(const float* x, const Csr& m, const float* vals, int64_t r0, in
     bool any = false;
     for (int b = 0; b < B; ++b) any |= (xv[b] = x[b * n_in + r]) != 0.0f;
     if (!any) continue;  // e.g. a ReLU zero: the row adds nothing
-    for (int64_t k = m.rp[r], e = m.rp[r + 1]; k < e; ++k) {
+    int64_t k = m.rp[r];
+    const int64_t e = m.rp[r + 1];
+    if (B == 1) {
+      // A row's columns are distinct, so 8 entries' outputs are loaded before any is
+      // stored: the loads do not wait for the stores before them as they may alias.
+      for (; k + 8 <= e; k += 8) {
+        uint32_t c[8];
+        bool bad = false;
+        for (int u = 0; u < 8; ++u) bad |= (c[u] = static_cast<uint32_t>(m.cols[k + u])) >= n_out;
+        if (bad) { err->bad = true; return; }
+        float o[8];
+        for (int u = 0; u < 8; ++u) o[u] = out[c[u]];
+        for (int u = 0; u < 8; ++u) out[c[u]] = o[u] + vals[k + u] * xv[0];
+      }
+    }
+    for (; k < e; ++k) {
       const uint32_t c = static_cast<uint32_t>(m.cols[k]);
       if (c >= n_out) { err->bad = true; return; }
       const float v = vals[k];
