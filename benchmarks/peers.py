@@ -5,9 +5,11 @@ forward product ``y = x @ W`` (+ bias for the two Keras layers):
 
     dense     keras.layers.Dense, in a compiled graph (oneDNN's GEMM)
     native    prune.layers.SparseDense(matmul="native"), in a compiled graph
-    scipy     scipy.sparse CSR of W^T times a ready [n_in, batch] x^T, one thread (scipy's
-              sparse products are single-threaded)
-    torch     torch.sparse_csr_tensor (int32 indices) of W^T times a ready [n_in, batch] x^T,
+    scipy     scipy.sparse CSR of W^T times x^T, one thread (scipy's sparse products are
+              single-threaded): ``(wt @ x.T).T``, the layer's contract (x [batch, n_in]
+              row-major in, y [batch, n_out] out; the final .T is a view, and scipy copies
+              x.T into row order itself, as the native op transposes its tiles)
+    torch     torch.sparse_csr_tensor (int32 indices) of W^T times x^T (``wt @ x.t()``),
               torch.mv at batch 1 (MKL's sparse BLAS in the CPU wheels), torch.set_num_threads(threads);
               its OpenMP threads spin while waiting unless OMP_WAIT_POLICY=PASSIVE is set (the
               header records it): on a loaded machine spinning cost torch 10-100x here
@@ -75,12 +77,12 @@ for line in sys.stdin:
         # int32 indices: the MKL path (int64 measured 1.5-3x slower)
         wt = torch.sparse_csr_tensor(torch.from_numpy(d["indptr"]).int(), torch.from_numpy(d["indices"]).int(),
                                      torch.from_numpy(d["data"]), size=tuple(d["shape"]))
-        xt = torch.from_numpy(np.ascontiguousarray(d["xt"]))
-        if xt.shape[1] == 1:  # batch 1: the matrix-vector product (torch.mv), faster than a 1-column matmul
-            v = xt[:, 0].contiguous()
+        x = torch.from_numpy(d["x"])  # [batch, n_in], row-major as the layer's input
+        if x.shape[0] == 1:  # batch 1: the matrix-vector product (torch.mv), faster than a 1-column matmul
+            v = x[0]
             fn = lambda: torch.mv(wt, v)
         else:
-            fn = lambda: wt @ xt
+            fn = lambda: wt @ x.t()  # y^T; y = its .t(), a view
         with torch.no_grad():
             y = fn().reshape(wt.shape[0], -1)
         np.save(cmd["check"], y.numpy())
@@ -174,14 +176,14 @@ def measure_point(size, batch, sparsity, rounds, graph_k, min_ms, torch_peer, rn
         fns[name + "/k"] = lambda k=k: k().numpy()
     mask = checks["native"][1] if "native" in checks else random_mask(rng, n_in, n_out, sparsity)
     wt = sp.csr_matrix((w * mask).T)  # rows = outputs
-    xt = np.ascontiguousarray(xs_np[0].T)
-    fns["scipy"] = lambda: wt @ xt
-    ref = (xs_np[0] @ (w * mask)).T
-    np.testing.assert_allclose(wt @ xt, ref, rtol=1e-3, atol=1e-3)
+    x0 = xs_np[0]
+    fns["scipy"] = (lambda: wt @ x0[0]) if batch == 1 else (lambda: (wt @ x0.T).T)
+    ref = (x0 @ (w * mask)).T
+    np.testing.assert_allclose((wt @ x0.T), ref, rtol=1e-3, atol=1e-3)
     if torch_peer.proc is not None:
         path, check = workdir / "w.npz", workdir / "y.npy"
         np.savez(path, indptr=wt.indptr, indices=wt.indices, data=wt.data.astype(np.float32),
-                 shape=np.array(wt.shape), xt=xt)
+                 shape=np.array(wt.shape), x=x0)
         torch_peer.ask(op="load", path=str(path), check=str(check))
         np.testing.assert_allclose(np.load(check), ref, rtol=1e-3, atol=1e-3)
         fns["torch"] = None  # timed in the child
