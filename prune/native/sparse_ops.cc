@@ -16,7 +16,11 @@
 //       profile (benchmark only, benchmarks/csr_overhead.py; 0 = normal): 1 returns after
 //       the checks and the output allocation, y unwritten; 2 (forward, more tiles than
 //       threads) returns after gathering the values into W^T order; 3 skips the
-//       multiply-adds of the tiled paths (transposes and write-back only, y garbage).
+//       multiply-adds of the tiled paths (transposes and write-back only, y garbage); 4
+//       ignores a block section (the general kernels on a blocked structure); 5 runs batch 1
+//       forward as a row gather over W^T through tperm (AVX-512 gathers), the layout scipy's
+//       product walks: 105k/48k/9.8k cycles per op at 90/95/99% on Zen 4 against the
+//       scatter's 67k/34k/8.9k, so the scatter stays.
 //   PruneSddmm(x, dy, values, structure; n_in, n_out)
 //       dv[k] = sum_b x[b, i_k] * dy[b, j_k] for the k-th stored entry (i_k, j_k):
 //       the values gradient (a sampled dense-dense product), no [nnz, batch] temporary.
@@ -40,6 +44,9 @@
 // accumulators (at batch 1 with AVX2: 8-entry vector gathers of x). Measured
 // on AVX2 (2 threads): reading values through tperm at batch 1 costs 2-3x the
 // scatter, as the indirect reads miss L2.
+//
+// A structure of whole 1 x C tiles along the output axis carries a block section after
+// these parts; the ops then run the block kernels of block_ops.h (see there).
 //
 // Work runs on the op's intra-op thread pool; the small-batch paths split only
 // from about 160k multiply-adds (kSmallUnit; a smaller op runs on the calling
