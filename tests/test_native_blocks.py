@@ -148,3 +148,19 @@ def test_trajectory_matches_masked_dense_with_block_kernels():
     np.testing.assert_array_equal(sparse1.get_mask(), mask)
     if native.load() is not None:
         assert native.block_width(sparse1.indices.numpy(), 24) == 8  # the block kernels ran
+
+
+@needs_native
+def test_convert_of_a_block_masked_model_runs_the_block_kernels():
+    rng = np.random.default_rng(2)
+    layer = MaskedDense(32, pattern=Block((4, 8)))
+    layer.build((None, 12))
+    mask = _blocked_mask(rng, 12, 32, 4, 8, 0.5)
+    layer.set_mask("kernel", mask)
+    model = keras.Sequential([keras.Input((12,)), layer])
+    sparse = prune.convert(model, to="sparse")
+    converted = [lyr for lyr in sparse.layers if isinstance(lyr, SparseDense)][0]
+    assert native.block_width(converted.indices.numpy(), 32) == 8
+    assert converted.native_structure.shape[0] > _base_len(int(mask.sum()), 12, 32)
+    x = rng.standard_normal((5, 12)).astype(np.float32)
+    np.testing.assert_allclose(sparse(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
