@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     import prune  # noqa: F401
-    from peers import machine
+    from peers import machine, write_results
     from prune import native
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -163,11 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{k}={v[0]:.3f}/{v[1]:.3f}" for k, v in res.items()), flush=True)
     df = pd.DataFrame(rows)
     header[-1] += f" Load average at the end {open('/proc/loadavg').read().split()[0]}."
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
-    out.with_suffix(".md").write_text(markdown(df, header))
-    print(markdown(df, header))
+    write_results(df, Path(args.out), markdown(df, header))
     return 0
 
 

@@ -313,12 +313,16 @@ def main(argv: list[str] | None = None) -> int:
             torch_peer.close()
     df = pd.DataFrame(rows)
     header[-1] = header[-1].replace("at the end: see below", f"at the end {open('/proc/loadavg').read().split()[0]}")
-    out = Path(args.out)
+    write_results(df, Path(args.out), markdown(df, header))
+    return 0
+
+
+def write_results(df: pd.DataFrame, out: Path, report: str) -> None:
+    """``df`` to ``out`` (CSV) and ``report`` beside it (``.md``), also printed."""
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
-    out.with_suffix(".md").write_text(markdown(df, header))
-    print(markdown(df, header))
-    return 0
+    out.with_suffix(".md").write_text(report)
+    print(report)
 
 
 if __name__ == "__main__":

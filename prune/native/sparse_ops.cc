@@ -383,6 +383,29 @@ void RowDots(const float* x, const Csr& m, const float* vals, int64_t nnz, int64
   }
 }
 
+// The entries [k, e) of a row left over by the vector loops of RowDots1*: *s = their sum
+// of value * x[col]; false on an out-of-range column or position.
+template <bool kPerm>
+inline bool RowTail(const float* x, const Csr& m, const float* vals, int64_t nnz, int64_t k, int64_t e, float* s) {
+  float s0 = 0.0f, s1 = 0.0f;
+  for (; k + 1 < e; k += 2) {
+    const uint32_t c0 = static_cast<uint32_t>(m.cols[k]), c1 = static_cast<uint32_t>(m.cols[k + 1]);
+    float v0, v1;
+    if (c0 >= m.n_cols || c1 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0) ||
+        !Value<kPerm>(m, vals, nnz, k + 1, &v1)) return false;
+    s0 += v0 * x[c0];
+    s1 += v1 * x[c1];
+  }
+  if (k < e) {
+    const uint32_t c0 = static_cast<uint32_t>(m.cols[k]);
+    float v0;
+    if (c0 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0)) return false;
+    s0 += v0 * x[c0];
+  }
+  *s = s0 + s1;
+  return true;
+}
+
 #ifdef PRUNE_AVX2
 // Batch 1 with AVX2: eight entries at a time, x (and, with kPerm, the values)
 // fetched by vector gathers; the eight columns (and positions) are range-checked
@@ -418,26 +441,13 @@ void RowDots1(const float* x, const Csr& m, const float* vals, int64_t nnz, int6
       a0 = _mm256_fmadd_ps(v0, _mm256_i32gather_ps(x, c0, 4), a0);
       a1 = _mm256_fmadd_ps(v1, _mm256_i32gather_ps(x, c1, 4), a1);
     }
-    float s0 = 0.0f, s1 = 0.0f;
-    for (; k + 1 < e; k += 2) {
-      const uint32_t c0 = static_cast<uint32_t>(m.cols[k]), c1 = static_cast<uint32_t>(m.cols[k + 1]);
-      float v0, v1;
-      if (c0 >= m.n_cols || c1 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0) ||
-          !Value<kPerm>(m, vals, nnz, k + 1, &v1)) { err->bad = true; return; }
-      s0 += v0 * x[c0];
-      s1 += v1 * x[c1];
-    }
-    if (k < e) {
-      const uint32_t c0 = static_cast<uint32_t>(m.cols[k]);
-      float v0;
-      if (c0 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0)) { err->bad = true; return; }
-      s0 += v0 * x[c0];
-    }
+    float s;
+    if (!RowTail<kPerm>(x, m, vals, nnz, k, e, &s)) { err->bad = true; return; }
     const __m256 a = _mm256_add_ps(a0, a1);
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    y[r] = _mm_cvtss_f32(h) + (s0 + s1);
+    y[r] = _mm_cvtss_f32(h) + s;
   }
 }
 #endif
@@ -471,22 +481,9 @@ void RowDots1x16(const float* x, const Csr& m, const float* vals, int64_t nnz, i
       a0 = _mm512_fmadd_ps(v0, _mm512_i32gather_ps(c0, x, 4), a0);
       a1 = _mm512_fmadd_ps(v1, _mm512_i32gather_ps(c1, x, 4), a1);
     }
-    float s0 = 0.0f, s1 = 0.0f;
-    for (; k + 1 < e; k += 2) {
-      const uint32_t c0 = static_cast<uint32_t>(m.cols[k]), c1 = static_cast<uint32_t>(m.cols[k + 1]);
-      float v0, v1;
-      if (c0 >= m.n_cols || c1 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0) ||
-          !Value<kPerm>(m, vals, nnz, k + 1, &v1)) { err->bad = true; return; }
-      s0 += v0 * x[c0];
-      s1 += v1 * x[c1];
-    }
-    if (k < e) {
-      const uint32_t c0 = static_cast<uint32_t>(m.cols[k]);
-      float v0;
-      if (c0 >= m.n_cols || !Value<kPerm>(m, vals, nnz, k, &v0)) { err->bad = true; return; }
-      s0 += v0 * x[c0];
-    }
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + (s0 + s1);
+    float s;
+    if (!RowTail<kPerm>(x, m, vals, nnz, k, e, &s)) { err->bad = true; return; }
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + s;
   }
 }
 #endif
