@@ -684,11 +684,20 @@ class PruneSpmmOp : public OpKernel {
       const int64_t units = std::min<int64_t>(NumThreads(ctx), (nnz + 32767) / 32768);
       const int64_t per = (nnz + units - 1) / units;
       Parallel(ctx, units, [&](int64_t u) {
+        // Pointers in locals: read through the closure, they were reloaded after every
+        // store to tv, which chained each (mostly L2-missing) value load to the previous
+        // one: 29% of the op's cycles at 4096x4096, 90%, batch 256.
+        const int32_t* __restrict perm = wt.perm;
+        const float* __restrict src = values;
+        float* __restrict dst = tv;
+        const uint32_t lim = static_cast<uint32_t>(nnz);
+        int bad = 0;
         for (int64_t k = u * per, e = std::min(nnz, (u + 1) * per); k < e; ++k) {
-          const uint32_t p = static_cast<uint32_t>(wt.perm[k]);
-          if (p >= nnz) { err.bad = true; return; }
-          tv[k] = values[p];
+          const uint32_t p = static_cast<uint32_t>(perm[k]);
+          bad |= p >= lim;
+          dst[k] = src[p < lim ? p : 0];
         }
+        if (bad) err.bad = true;
       });
       if (!err.bad && profile_ != 2) TiledGather<false>(ctx, x, batch, wt, tv, nnz, y, &err, profile_ != 3);
     }
