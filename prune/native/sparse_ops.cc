@@ -659,7 +659,7 @@ class PruneSpmmOp : public OpKernel {
     // Both directions gather: dx = dy @ W^T along W's rows with the values as
     // stored; y = x @ W along W^T's rows with the values read through tperm.
     if (profile_ == 1) return;  // benchmark only: the checks and the output allocation (y left unwritten)
-    if (blocks.c != 0 && profile_ != 4) {  // a blocked structure (profile 4: the general kernels instead)
+    if (UseBlocks(blocks, batch) && profile_ != 4) {  // a blocked structure (profile 4: the general kernels)
       if (transpose_) {
         PRUNE_BLOCK_DISPATCH(blocks.c, BlockInputGrad, ctx, x, batch, blocks, values, nnz, y, &err)
       } else {
@@ -758,7 +758,7 @@ class PruneSddmmOp : public OpKernel {
     const int64_t units = std::min<int64_t>(2 * threads, std::max<int64_t>(1, nnz / 4096));
     const std::vector<int64_t> bounds = SplitRows(w.rp, n_in, units);
 
-    if (blocks.c != 0) {
+    if (UseBlocks(blocks, batch)) {
       PRUNE_BLOCK_DISPATCH(blocks.c, BlockValuesGrad, ctx, x, dy, batch, blocks, nnz, dv, &err)
     } else if (batch < kLanes) {
       Parallel(ctx, units, [&](int64_t u) {
