@@ -126,6 +126,9 @@ _COST = {
     "coo": (534_100.0, 4.427, 1.665, 0.03273, 0.00215),
     "csr": (634_400.0, 11.21, 0.05796, 0.0163, 0.0004),
     "native": (400_000.0, 1.5, 0.028, 0.0, 0.0),
+    # the native ops on a blocked structure (block kernels, prune/native/block_ops.h): a third of the
+    # general kernels' cost per term (1024x1024, 1x16 tiles, batch 256, AVX-512)
+    "native_block": (400_000.0, 1.5, 0.009, 0.0, 0.0),
 }
 # Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
 # gathers and a multiply-reduce per (entry, batch) term.
@@ -134,6 +137,7 @@ _GRAD_COST = {
     "dense": (20_000.0, 4.0, 0.0, 1.0, 0.0167),
     "sampled": (50_000.0, 18.0, 1.2, 0.0, 0.0),
     "native": (20_000.0, 0.5, 0.05, 0.0, 0.0),
+    "native_block": (20_000.0, 0.5, 0.02, 0.0, 0.0),
 }
 
 
@@ -469,6 +473,7 @@ def sparse_matmul(
     transpose_indices: Any = None,
     values_grad: str = "auto",
     structure: Any = None,
+    blocked: bool = False,
 ) -> tf.Tensor:
     """``x @ W`` with ``W = SparseTensor(indices, values, dense_shape)``, differentiable in ``x`` and ``values``.
 
@@ -488,6 +493,8 @@ def sparse_matmul(
         structure: Optional int32 vector from :func:`prune.native.structure`
             for these indices; computed in the graph when omitted and the
             native kernels run.
+        blocked: Whether ``structure`` has a block section (the native ops then run
+            their block kernels); ``"auto"``'s cost model prices ``"native"`` accordingly.
 
     Returns:
         ``[batch, n_out]`` tensor.
@@ -538,20 +545,25 @@ def sparse_matmul(
             return _native_values_grad(lib, x, dy, values, structure, n_in, n_out)
         return _values_grad(r, x, dy, indices)
 
+    cost, grad_cost = _COST, _GRAD_COST
+    if lib is not None and blocked:
+        cost = {**_COST, "native": _COST["native_block"]}
+        grad_cost = {**_GRAD_COST, "native": _GRAD_COST["native_block"]}
+
     @tf.custom_gradient
     def _op(x: tf.Tensor, values: tf.Tensor) -> Any:
         batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
         nnz, static_nnz = tf.shape(indices)[0], indices.shape[0]  # not values': see _dispatch
-        y = _dispatch(matmul, _COST, names, lambda k: forward(k, x, values), nnz, static_nnz, batch, n_in, n_out)
+        y = _dispatch(matmul, cost, names, lambda k: forward(k, x, values), nnz, static_nnz, batch, n_in, n_out)
         y = tf.ensure_shape(y, [x.shape[0], n_out])
 
         def grad(dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             dx = _dispatch(
-                matmul, _COST, names, lambda k: input_grad(k, dy, values), nnz, static_nnz, batch, n_in, n_out
+                matmul, cost, names, lambda k: input_grad(k, dy, values), nnz, static_nnz, batch, n_in, n_out
             )
             dv = _dispatch(
                 grad_rule,
-                {n: _GRAD_COST[n] for n in grad_names},
+                {n: grad_cost[n] for n in grad_names},
                 grad_names,
                 lambda r: values_grad_of(r, x, dy, values),
                 nnz, static_nnz, batch, n_in, n_out,

@@ -33,3 +33,24 @@ def test_layer_speed_writes_every_implementation_and_measure(tmp_path):
     assert 0 < len(in_graph) <= 2 * len(impls) * 2 and (in_graph["median_ms"] > 0).all()
     report = out.with_suffix(".md").read_text()
     assert "## Crossover sparsity" in report and "in graph" in report and "## Targets of issue 12" in report
+
+
+def test_peer_and_block_benchmarks_run_on_a_tiny_layer(tmp_path):
+    """peers.py states its settings and skips torch with a note when no interpreter has it; block_speed.py
+    writes every pattern in both modes (no timing asserted)."""
+    out = tmp_path / "peers.csv"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--sizes", "24", "--batches", "2",
+           "--sparsities", "0.5", "--rounds", "1", "--graph-k", "2", "--min-ms", "0.1", "--torch-python",
+           str(tmp_path / "no-python"), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = out.with_suffix(".md").read_text()
+    assert "intra_op_threads=2" in report and "single-threaded" in report and "torch not measured" in report
+    assert {"dense", "scipy"} <= set(pd.read_csv(out).columns)
+    out = tmp_path / "block_speed.csv"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "block_speed.py"), "--size", "32", "--batches", "2",
+           "--sparsities", "0.5", "--shapes", "1x16", "--nm", "2:4", "--rounds", "1", "--graph-k", "2", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_csv(out)
+    assert set(df["pattern"]) == {"unstructured", "block 1x16", "nm 2:4"} and set(df["mode"]) == {"forward", "train"}

@@ -90,8 +90,8 @@ CHILD = """
 import json, sys
 import pytest
 from prune import native
-code = pytest.main(["-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_native.py",
-                    "-k", "matches_dense_reference or corrupt or path_is_the_one"])
+code = pytest.main(["-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_native.py", "tests/test_native_blocks.py",
+                    "-k", "matches_dense_reference or corrupt or path_is_the_one or block_ops"])
 st = native.status()
 print("STATUS " + json.dumps(dict(code=int(code), available=st.available, reason=st.reason, flags=st.flags,
                                   vector=st.vector, path=st.path)))

@@ -56,7 +56,11 @@ exactly as they drive masked layers, with every criterion, pattern and scope
 (a masked-dense model and a ``SparseDense`` model pruned alike select the
 same masks, also under global scope), and a key ``"<layer>/kernel"`` as a
 ``MaskedDense`` of the same name has. A block or N:M pattern leaves a block or
-N:M structure, stored as COO entries.
+N:M structure, stored as COO entries. When the entries form whole 1 x C tiles
+along the output axis (C = 4, 8, 16 or 32, e.g. a ``Block((r, 16))`` pattern),
+``native_structure`` also holds their block-CSR and block-CSC (row-major
+``values`` already are the tiles, one after another) and the native ops run
+their block kernels: no variable changes, so the saved format is today's.
 
 ``SparseDense`` is deliberately not a :class:`prune.layers.PrunableLayer`:
 it has no dense ``kernel`` or ``kernel_mask`` for :func:`prune.strip_pruning`
@@ -336,6 +340,7 @@ class SparseDense(keras.layers.Layer):
             transpose_perm=self.transpose_perm.value,
             transpose_indices=self.transpose_indices.value,
             structure=self.native_structure.value,
+            blocked=self._blocked(),
         )
         y = tf.reshape(y, tf.concat([shape[:-1], [self.units]], 0))
         y = tf.ensure_shape(y, x.shape[:-1].concatenate([self.units]))
@@ -344,6 +349,11 @@ class SparseDense(keras.layers.Layer):
         if self.activation is not None:
             y = self.activation(y)
         return y
+
+    def _blocked(self) -> bool:
+        """Whether ``native_structure`` has a block section (:func:`prune.native.structure`), from its length."""
+        n_in, n_out = self.dense_shape
+        return int(self.native_structure.shape[0]) > 3 * int(self.values.shape[0]) + n_in + n_out + 2
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
         return tuple(input_shape[:-1]) + (self.units,)
@@ -554,8 +564,8 @@ class SparseDense(keras.layers.Layer):
                 _make_dynamic(v, value)
             else:
                 v.assign(value)
-        if len(store.keys()) < len(all_vars):
-            _make_dynamic(self.native_structure, native.structure(self.indices.numpy(), *self.dense_shape))
+        # Derived from indices: rebuilt, so that files saved before it (or its block section) existed get it.
+        _make_dynamic(self.native_structure, native.structure(self.indices.numpy(), *self.dense_shape))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

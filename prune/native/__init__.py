@@ -72,10 +72,21 @@ __all__ = [
     "structure_tf",
     "target_flags",
     "vector_path",
+    "BLOCK_WIDTHS",
+    "HEADERS",
+    "block_width",
 ]
 
 SOURCE = Path(__file__).with_name("sparse_ops.cc")
-"""The C++ source of the ops."""
+"""The C++ source of the ops (it includes :data:`HEADERS`)."""
+
+HEADERS = (Path(__file__).with_name("block_ops.h"),)
+"""Sources that ``sparse_ops.cc`` includes (the block-sparse kernels); part of the build's cache key."""
+
+BLOCK_WIDTHS = (32, 16, 8, 4)
+"""Tile widths (outputs per 1 x C tile) the block kernels take, widest first (see :func:`block_width`)."""
+
+_BLOCK_MAGIC = 0x6B6C4231  # kBlockMagic in block_ops.h
 
 _OPT_FLAGS = ("-O3", "-ffp-contract=fast", "-fPIC", "-w")
 
@@ -224,7 +235,7 @@ def _library_name(cxx: str, isa: list[str]) -> str:
     except (OSError, subprocess.SubprocessError) as err:
         version = f"unknown ({err})"
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), tf.__version__.encode(), cxx.encode(), version.encode(),
+    for part in (SOURCE.read_bytes(), *(h.read_bytes() for h in HEADERS), tf.__version__.encode(), cxx.encode(), version.encode(),
                  " ".join(build_command(cxx, "OUT", isa)).encode(), _cpu_isa().encode()):
         key.update(part)
         key.update(b"\0")
@@ -377,15 +388,23 @@ def status() -> NativeStatus:
     return _state["status"]
 
 
-def structure(indices: Any, n_in: int, n_out: int) -> np.ndarray:
+def structure(indices: Any, n_in: int, n_out: int, block: int | None = None) -> np.ndarray:
     """The int32 structure vector the native ops read, from row-major sorted ``[nnz, 2]`` indices of ``W``.
 
     Layout ``[rp (n_in + 1) | cols (nnz) | trp (n_out + 1) | tcols (nnz) | tperm (nnz)]``:
     CSR of ``W``, CSR of ``W^T`` and the position in ``values`` of each
-    entry of ``W^T`` (see ``sparse_ops.cc``).
+    entry of ``W^T`` (see ``sparse_ops.cc``); then, when the entries form whole
+    1 x C tiles along the output axis (:func:`block_width`), a block section
+    (block-CSR and block-CSC of the tiles, ``block_ops.h``) with which the ops
+    run the block kernels.
+
+    Args:
+        block: The tile width C of the block section: ``None`` (default) the
+            widest that fits, ``0`` none (the general kernels).
 
     Raises:
-        ValueError: more entries or a larger dimension than int32 can index.
+        ValueError: more entries or a larger dimension than int32 can index; a
+            ``block`` width the entries do not tile.
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1, 2)
     nnz = len(idx)
@@ -395,7 +414,48 @@ def structure(indices: Any, n_in: int, n_out: int) -> np.ndarray:
     perm = np.argsort(idx[:, 1] * n_in + idx[:, 0], kind="stable")
     t = idx[perm]
     trp = np.searchsorted(t[:, 1], np.arange(n_out + 1))
-    return np.concatenate([rp, idx[:, 1], trp, t[:, 0], perm]).astype(np.int32)
+    parts = [rp, idx[:, 1], trp, t[:, 0], perm]
+    width = block_width(idx, n_out) if block is None else int(block)
+    if width and (width not in BLOCK_WIDTHS or not _is_blocked(idx, n_out, width)):
+        raise ValueError(f"block={block}: the entries do not form whole 1 x {block} tiles (widths {BLOCK_WIDTHS})")
+    if width:
+        parts.append(_block_section(idx, n_in, n_out, width))
+    return np.concatenate(parts).astype(np.int32)
+
+
+def block_width(indices: Any, n_out: int) -> int:
+    """The widest C of :data:`BLOCK_WIDTHS` for which the entries form whole 1 x C tiles along the output axis, or 0.
+
+    Tile ``(i, jb)`` covers columns ``[jb * C, jb * C + C)`` of row ``i`` (fewer in the
+    last column block when C does not divide ``n_out``); the structure is blocked when
+    every tile it touches is stored whole. A ``Block((r, C))`` pattern leaves such a
+    structure. 0 for an empty structure.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1, 2)
+    return next((c for c in BLOCK_WIDTHS if c <= n_out and _is_blocked(idx, n_out, c)), 0)
+
+
+def _is_blocked(idx: np.ndarray, n_out: int, c: int) -> bool:
+    """Whether row-major sorted, unique ``idx`` store whole 1 x ``c`` tiles only (False when empty)."""
+    if len(idx) == 0:
+        return False
+    key = idx[:, 0] * (-(-n_out // c)) + idx[:, 1] // c
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    counts = np.diff(np.r_[starts, len(key)])
+    return bool(np.array_equal(counts, np.minimum(c, n_out - idx[starts, 1] // c * c)))
+
+
+def _block_section(idx: np.ndarray, n_in: int, n_out: int, c: int) -> np.ndarray:
+    """The block section the native ops read after the structure (layout in ``block_ops.h``)."""
+    n_cb = -(-n_out // c)
+    key = idx[:, 0] * n_cb + idx[:, 1] // c
+    boff = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])  # first entry of each tile, row-major = block-CSR order
+    brow, bcol = idx[boff, 0], idx[boff, 1] // c
+    brp = np.searchsorted(brow, np.arange(n_in + 1))
+    order = np.argsort(bcol * n_in + brow, kind="stable")
+    tcp = np.searchsorted(bcol[order], np.arange(n_cb + 1))
+    head = np.array([_BLOCK_MAGIC, c, len(boff)], np.int64)
+    return np.concatenate([head, brp, bcol, boff, tcp, brow[order], boff[order]])
 
 
 def structure_tf(indices: Any, n_in: int, n_out: int) -> Any:
