@@ -126,9 +126,10 @@ _COST = {
     "coo": (534_100.0, 4.427, 1.665, 0.03273, 0.00215),
     "csr": (634_400.0, 11.21, 0.05796, 0.0163, 0.0004),
     "native": (400_000.0, 1.5, 0.028, 0.0, 0.0),
-    # the native ops on a blocked structure (block kernels, prune/native/block_ops.h): a third of the
-    # general kernels' cost per term (1024x1024, 1x16 tiles, batch 256, AVX-512)
-    "native_block": (400_000.0, 1.5, 0.009, 0.0, 0.0),
+    # the native ops on a blocked structure (block kernels, prune/native/block_ops.h): about half the
+    # general kernels' cost per term (forward 0.46-0.55x at 1024x1024, 1x16 tiles, batch 256, 80-90%,
+    # AVX-512; results/benchmarks/block_speed.csv)
+    "native_block": (400_000.0, 1.5, 0.014, 0.0, 0.0),
 }
 # Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
 # gathers and a multiply-reduce per (entry, batch) term.
@@ -137,7 +138,7 @@ _GRAD_COST = {
     "dense": (20_000.0, 4.0, 0.0, 1.0, 0.0167),
     "sampled": (50_000.0, 18.0, 1.2, 0.0, 0.0),
     "native": (20_000.0, 0.5, 0.05, 0.0, 0.0),
-    "native_block": (20_000.0, 0.5, 0.02, 0.0, 0.0),
+    "native_block": (20_000.0, 0.5, 0.03, 0.0, 0.0),  # training step 0.6x the general kernels' there
 }
 
 
