@@ -384,16 +384,13 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
     failed = int((~frame["status"].isin(["ok", "diverged"])).sum())
     if failed:
         print(f"\n{failed} failed run(s); see `python -m experiments status {args.config}`", file=sys.stderr)
-    results_flag = "" if Path(args.results) == Path("results") else f" --results {args.results}"
-    figures_cmd = ["figures", args.config, *(["--results", args.results] if results_flag else [])]
-    if getattr(args, "figures", False):
+    figures_args = [args.config, *([] if Path(args.results) == Path("results") else ["--results", args.results])]
+    print(f"\nfigures: python -m experiments figures {' '.join(figures_args)}")
+    if args.figures:
         from experiments.figures import main as figures_main
 
-        print(f"\nfigures: python -m experiments {' '.join(figures_cmd)}")
-        if figures_main(figures_cmd[1:]) != 0:
+        if figures_main(figures_args) != 0:
             return EXIT_USAGE
-    else:
-        print(f"\nfigures: python -m experiments figures {args.config}{results_flag}")
     return EXIT_FAILED_RUNS if failed else EXIT_OK
 
 

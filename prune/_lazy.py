@@ -93,8 +93,7 @@ class _After(importlib.abc.MetaPathFinder):
         self.name, self.then = name, then
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        settle()  # every import is a chance for work that waited
-        if fullname != self.name:
+        if fullname != self.name:  # (waiting work gets its chance at each import from _Settle)
             return None
         _remove(self)
         spec = importlib.util.find_spec(fullname)

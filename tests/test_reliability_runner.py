@@ -215,3 +215,16 @@ def test_bad_scheduler_and_foreign_table_are_one_line_errors_writing_nothing(tmp
         assert out.returncode == 2, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1 and "not written by this runner" in out.stderr
     assert sorted(p.name for p in (results / "bad").iterdir()) == ["runs.csv"]
+
+
+@pytest.mark.slow
+def test_run_with_figures_draws_them_and_without_prints_the_command(tmp_path):
+    config = sweep(tmp_path, "figs")
+    results = tmp_path / "results"
+    plain = cli("run", str(config), "--results", str(results))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert f"figures: python -m experiments figures {config} --results {results}" in plain.stdout
+    assert not (results / "figs" / "figures").exists()
+    drawn = cli("run", str(config), "--results", str(results), "--figures")
+    assert drawn.returncode == 0, drawn.stderr[-3000:]
+    assert (results / "figs" / "figures" / "main_table.tex").is_file() and "wrote " in drawn.stdout
