@@ -52,7 +52,7 @@ _KERAS_SIDE = {
     "prune.registry": ["register_prunable"],
     "prune.report": ["sparsity_report"],
     "prune.shrink": ["shrink", "shrink_report"],
-    "prune.policy": ["PruneForLatencyOnXNNPack", "PruningPolicy"],
+    "prune.policy": ["KeepDense", "PruneForLatencyOnXNNPack", "PruningPolicy"],
     "prune.summaries": ["PruningSummaries", "prune_scope"],
     "prune.training": ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"],
 }

@@ -78,6 +78,7 @@ __all__ = [
     "DynamicSparsity",
     "cosine_drop_fraction",
     "num_drop",
+    "sign_drop_counts",
     "drop_and_grow",
     "sparse_init",
     "dense_gradients",
@@ -85,6 +86,7 @@ __all__ = [
 
 METHODS = ("set", "rigl")
 DECAYS = ("constant", "cosine")
+DROPS = ("magnitude", "per_sign")
 
 
 def __getattr__(name: str) -> Any:
@@ -117,22 +119,39 @@ def num_drop(live: int, fraction: float) -> int:
     return int(math.floor(int(live) * float(fraction)))
 
 
+def sign_drop_counts(weight: np.ndarray, keep: np.ndarray, fraction: float) -> tuple[int, int]:
+    """SET's per-sign drop counts: ``(floor(positive * fraction), floor(negative * fraction))`` of the live entries.
+
+    Mocanu et al. (2018) remove a fraction of the positive weights (the
+    smallest) and of the negative weights (those closest to zero) separately
+    (``set_mlp.py``'s ``largestNegative`` and ``smallestPositive``). A live
+    entry at exactly ``+0.0`` or ``-0.0`` counts as positive here.
+    """
+    weight, keep = np.asarray(weight), np.asarray(keep).astype(bool)
+    negative = int((keep & (weight < 0)).sum())
+    return num_drop(int(keep.sum()) - negative, fraction), num_drop(negative, fraction)
+
+
 def drop_and_grow(
-    weight: np.ndarray, keep: np.ndarray, n: int, grow_scores: np.ndarray
+    weight: np.ndarray, keep: np.ndarray, n: int, grow_scores: np.ndarray, n_negative: int | None = None
 ) -> np.ndarray:
     """One SET/RigL update of one weight: drop ``n`` live entries by magnitude, grow ``n``.
 
     Args:
         weight: The weight (dense view).
         keep: Its current keep-mask (bool, True = live).
-        n: Entries to drop and to grow, ``0 <= n <= live``.
+        n: Entries to drop and to grow, ``0 <= n <= live``; with ``n_negative``,
+            the positive (and zero) live entries to drop.
         grow_scores: Higher grows first (SET: random, RigL: ``|dense gradient|``).
+        n_negative: SET's per-sign drop (:func:`sign_drop_counts`): the negative
+            live entries to drop, those closest to zero; ``n + n_negative`` grow.
+            ``None`` (default): drop over both signs by magnitude, as rigl does.
 
     Returns:
         The new keep-mask, with as many live entries as ``keep``.
 
     Raises:
-        ValueError: ``n`` out of range or shapes that differ.
+        ValueError: ``n`` or ``n_negative`` out of range or shapes that differ.
     """
     weight = np.asarray(weight)
     keep = np.asarray(keep).astype(bool)
@@ -141,16 +160,23 @@ def drop_and_grow(
         raise ValueError(
             f"weight, keep and grow_scores must have one shape, got {weight.shape}, {keep.shape}, {grow_scores.shape}"
         )
-    live = int(keep.sum())
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= live:
-        raise ValueError(f"n must be an integer in [0, {live}] (the live entries), got {n!r}")
     alive = keep.reshape(-1)
     drop_scores = get_criterion("magnitude")(ScoreContext(weight=weight)).reshape(-1)
-    kept = prune_lowest(drop_scores, alive, int((~alive).sum()) + int(n))
+    groups = [(alive, n, "n")]
+    if n_negative is not None:
+        negative = weight.reshape(-1) < 0
+        groups = [(alive & ~negative, n, "n"), (alive & negative, n_negative, "n_negative")]
+    kept = np.zeros_like(alive)
+    for members, count, name in groups:
+        size = int(members.sum())
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or not 0 <= count <= size:
+            raise ValueError(f"{name} must be an integer in [0, {size}] (the live entries it drops from), got {count!r}")
+        kept |= prune_lowest(drop_scores, members, int((~members).sum()) + int(count))
+    grown = int(n) + (0 if n_negative is None else int(n_negative))
     candidates = np.flatnonzero(~kept)  # the just dropped included, as in rigl
     order = np.argsort(-grow_scores.reshape(-1)[candidates], kind="stable")
     new = kept.copy()
-    new[candidates[order[: int(n)]]] = True
+    new[candidates[order[:grown]]] = True
     return new.reshape(keep.shape)
 
 
@@ -276,7 +302,11 @@ class DynamicSparsity(keras.callbacks.Callback):
             default ``"constant"`` for SET, ``"cosine"`` for RigL, as in the papers.
         seed: Seed of SET's random growth.
         gradient_data: ``(x, y)``, or a callable returning one, for RigL's
-            gradient at each update (a batch, as rigl uses the current batch).
+            gradient at each update (a batch; rigl uses the current batch: pass
+            a callable that returns the batch about to be trained).
+        drop: ``"magnitude"`` (default, rigl's: the smallest ``|w|`` over both
+            signs) or ``"per_sign"`` (Mocanu et al.'s SET: the same fraction of
+            the positive and of the negative entries, :func:`sign_drop_counts`).
         loss: ``loss(y_true, y_pred)`` for that gradient; default the compiled loss.
         optimizer: Optimizer whose slots to reset; default ``model.optimizer``.
 
@@ -303,6 +333,7 @@ class DynamicSparsity(keras.callbacks.Callback):
         gradient_data: Any = None,
         loss: Callable[[Any, Any], Any] | None = None,
         optimizer: Any = None,
+        drop: str = "magnitude",
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
@@ -323,6 +354,8 @@ class DynamicSparsity(keras.callbacks.Callback):
             raise ValueError(f"decay must be one of {list(DECAYS)}, got {decay!r}")
         if decay == "cosine" and end_step is None:
             raise ValueError("decay='cosine' needs end_step (the step where the drop fraction reaches 0), got end_step=None")
+        if drop not in DROPS:
+            raise ValueError(f"drop must be one of {list(DROPS)}, got {drop!r}")
         if method == "rigl" and gradient_data is None:
             raise ValueError("method='rigl' grows by the dense gradient: pass gradient_data=(x, y) or a callable returning one")
         super().__init__()
@@ -331,6 +364,7 @@ class DynamicSparsity(keras.callbacks.Callback):
         self.drop_fraction = float(drop_fraction)
         self.end_step = None if end_step is None else int(end_step)
         self.decay = decay
+        self.drop = drop
         self.seed = _check_seed(seed)
         self._gradient_data = gradient_data
         self._loss = loss
@@ -377,8 +411,13 @@ class DynamicSparsity(keras.callbacks.Callback):
                     raise ValueError(f"the gradient of {t.key!r} has NaN or infinite entries; no mask was changed")
             else:
                 grow = _rng(self.seed, step, t.key).random(w.shape)
-            n = num_drop(int(keep.sum()), fraction)
-            plans.append((t, drop_and_grow(w, keep, n, grow), keep, n))
+            if self.drop == "per_sign":
+                n_pos, n_neg = sign_drop_counts(w, keep, fraction)
+                n = n_pos + n_neg
+                plans.append((t, drop_and_grow(w, keep, n_pos, grow, n_negative=n_neg), keep, n))
+            else:
+                n = num_drop(int(keep.sum()), fraction)
+                plans.append((t, drop_and_grow(w, keep, n, grow), keep, n))
         records = []
         optimizer = self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
         retrace = False

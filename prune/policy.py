@@ -18,7 +18,7 @@ import keras
 
 from prune._internals import inbound_nodes, keras_producer, outbound_nodes
 
-__all__ = ["PruningPolicy", "PruneForLatencyOnXNNPack"]
+__all__ = ["PruningPolicy", "PruneForLatencyOnXNNPack", "KeepDense"]
 
 
 class PruningPolicy(abc.ABC):
@@ -202,3 +202,36 @@ class PruneForLatencyOnXNNPack(PruningPolicy):
             return layer in ends
 
         _lookup([c for start in starts for c in consumers(start)], visit, consumers)
+
+
+class KeepDense(PruningPolicy):
+    """Prune every supported layer except the named ones, which stay dense.
+
+    The usual first/last-layer policies of the literature: rigl's MNIST setup
+    and its ERK default keep the output layer dense (Evci et al., ICML 2020),
+    and Gale et al. (2019) keep the first layer dense for ResNet-50. For
+    example, ``prune.prune_low_magnitude(model, schedule,
+    pruning_policy=prune.KeepDense([model.layers[-1].name]))``.
+
+    Args:
+        names: Names of the layers to leave unpruned (non-empty strings).
+
+    Raises:
+        ValueError: ``names`` empty or not strings (here), or naming a layer the
+            model does not have (in :meth:`ensure_model_supports_pruning`).
+    """
+
+    def __init__(self, names: Iterable[str]) -> None:
+        names = [names] if isinstance(names, str) else list(names)
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"names must be a non-empty list of layer names, got {names!r}")
+        self.names = frozenset(names)
+
+    def allow_pruning(self, layer: Any) -> bool:
+        return layer.name not in self.names
+
+    def ensure_model_supports_pruning(self, model: Any) -> None:
+        present = {layer.name for layer in getattr(model, "layers", [])}
+        missing = sorted(self.names - present)
+        if missing:
+            raise ValueError(f"KeepDense names layers the model does not have: {missing} (it has {sorted(present)})")

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import prune
 from prune.distributions import erk_zeros
-from prune.dst import cosine_drop_fraction, drop_and_grow, num_drop
+from prune.dst import cosine_drop_fraction, drop_and_grow, num_drop, sign_drop_counts
 from prune.layers.sparse import SparseDense
 from prune.optimizer_state import slots_for
 from tests.helpers import masked_train_step, mlp, mlp_data
@@ -45,6 +45,38 @@ def test_zero_drop_changes_nothing_and_counts_are_checked():
     np.testing.assert_array_equal(drop_and_grow(W, KEEP, 0, np.ones(6)), KEEP)
     with pytest.raises(ValueError, match=r"n must be an integer in \[0, 4\].*got 5"):
         drop_and_grow(W, KEEP, 5, np.ones(6))
+
+
+def test_per_sign_drop_takes_each_sign_apart_as_mocanu():
+    # positives 0.1, 0.5, 0.3 and negatives -0.05, -0.9, -0.04; fraction 0.4 drops floor(3 * 0.4) = 1 of each:
+    # +0.1 (the smallest positive) and -0.04 (the negative closest to zero). Over both signs by magnitude (rigl's
+    # drop) the two smallest |w| are both negative: -0.04 and -0.05.
+    w = np.array([0.1, -0.05, 0.5, -0.9, 0.3, -0.04, 0.0, 0.0])
+    keep = np.array([True, True, True, True, True, True, False, False])
+    assert sign_drop_counts(w, keep, 0.4) == (1, 1)
+    grow = np.array([0, 0, 0, 0, 0, 0, 2.0, 1.0])
+    per_sign = drop_and_grow(w, keep, 1, grow, n_negative=1)
+    np.testing.assert_array_equal(per_sign, [False, True, True, True, True, False, True, True])
+    both = drop_and_grow(w, keep, 2, grow)  # rigl's: the two smallest |w| overall, both negative
+    np.testing.assert_array_equal(both, [True, False, True, True, True, False, True, True])
+    with pytest.raises(ValueError, match=r"n_negative must be an integer in \[0, 3\].*got 4"):
+        drop_and_grow(w, keep, 1, grow, n_negative=4)
+
+
+def test_per_sign_set_callback_keeps_the_live_count_and_drops_both_signs():
+    model = prune.prune_low_magnitude(mlp(), prune.ConstantSparsity(0.0, 0))
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    prune.sparse_init(model, 0.8, seed=1)
+    cb = prune.DynamicSparsity("set", update_every=1, drop_fraction=0.3, seed=0, drop="per_sign")
+    cb.set_model(model)
+    before = {t.key: (t.weight, t.keep) for t in prune.targets.require_targets(model, "test")}
+    records = cb.update(1)
+    for r in records:
+        w, keep = before[r["key"]]
+        assert r["live"] == int(keep.sum())
+        assert r["n"] == sum(sign_drop_counts(w, keep, 0.3)) > 0
+    with pytest.raises(ValueError, match="drop must be one of.*'sideways'"):
+        prune.DynamicSparsity("set", drop="sideways")
 
 
 def test_num_drop_floors_like_rigl():
