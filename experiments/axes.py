@@ -73,6 +73,8 @@ class Dataset:
             without importing the package; ``()`` if none.
         keras_cache: Files it needs in the Keras dataset cache (never downloaded).
         image: Examples are images ``(H, W, C)`` (``False``: flat vectors).
+        system_package: A Debian package that installs the ``keras_cache`` files
+            under ``/usr/share/datasets`` (named in the error when they are absent); ``""`` if none.
     """
 
     name: str
@@ -80,6 +82,7 @@ class Dataset:
     bundled: tuple[str, ...] = ()
     keras_cache: tuple[str, ...] = ()
     image: bool = True
+    system_package: str = ""
 
 
 DATASETS: Registry[Dataset] = Registry("dataset")
@@ -268,12 +271,20 @@ class _DstParams:
         drop_fraction: Fraction of the live weights dropped (and regrown) at an update, in (0, 1].
         end: No update after this fraction of the training steps, in (0, 1].
         decay: ``constant`` or ``cosine`` (the drop fraction decays to 0 at ``end``).
+        drop: ``magnitude`` (the smallest ``|w|`` over both signs, rigl's) or
+            ``per_sign`` (Mocanu et al.'s SET: the same fraction of the positive
+            and of the negative weights, :func:`prune.dst.sign_drop_counts`).
+        gradient_batch: RigL's grow gradient: ``fixed`` (the run's first batch at
+            every update, :func:`experiments.implementations.fixed_batch`) or
+            ``current`` (the batch the update's step trains on, as rigl's code).
     """
 
     update_every: int = 100
     drop_fraction: float = 0.3
     end: float = 1.0
     decay: str = "constant"
+    drop: str = "magnitude"
+    gradient_batch: str = "fixed"
 
     def __post_init__(self) -> None:
         check_range("update_every", self.update_every, 1)
@@ -282,6 +293,8 @@ class _DstParams:
         if not 0.0 < self.end <= 1.0:
             raise ConfigError("end", f"must be a fraction of training in (0, 1], got {self.end!r}")
         choice("decay", self.decay, ("constant", "cosine"), "decay")
+        choice("drop", self.drop, ("magnitude", "per_sign"), "drop")
+        choice("gradient_batch", self.gradient_batch, ("fixed", "current"), "gradient_batch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,6 +417,7 @@ DATASETS.register(
             f"fashion-mnist/{f}-ubyte.gz"
             for f in ("train-labels-idx1", "train-images-idx3", "t10k-labels-idx1", "t10k-images-idx3")
         ),
+        system_package="dataset-fashion-mnist",
     )
 )
 DATASETS.register(Dataset("cifar10", "experiments.data:load_keras_cached", keras_cache=("cifar-10-batches-py",)))

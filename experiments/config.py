@@ -107,6 +107,7 @@ METHODS = axes.METHODS.names()
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MATMULS = ("coo", "csr", "native", "auto")
 UNITS = ("epochs", "steps")
+OUTPUT_LAYERS = ("pruned", "dense")
 PATTERNS = axes.PATTERNS.names()
 # The library's names, from the one place the runner reads them (experiments.library_names).
 POOLINGS = library_names.POOLINGS
@@ -146,6 +147,11 @@ class DatasetConfig:
         n_features: synthetic only: input width.
         n_classes: synthetic only: number of classes.
         train_limit: Use only the first ``train_limit`` training examples (0: all).
+        validation: Training examples held out as a validation split (0: none),
+            drawn by ``split_seed`` after ``train_limit``. Runs then record
+            ``val_accuracy`` and ``val_loss`` per epoch; the test set stays for
+            the reported accuracy, and anything chosen during training is chosen
+            on the validation split.
     """
 
     SHORTHAND: ClassVar[str] = "name"  # a sweep file may write just the name
@@ -156,6 +162,7 @@ class DatasetConfig:
     n_features: int = 32
     n_classes: int = 10
     train_limit: int = 0
+    validation: int = 0
 
     def __post_init__(self) -> None:
         axes.DATASETS.check("name", self.name)
@@ -166,6 +173,9 @@ class DatasetConfig:
         _range("n_features", self.n_features, 1)
         _range("n_classes", self.n_classes, 2)
         _range("train_limit", self.train_limit, 0)
+        _range("validation", self.validation, 0)
+        if self.train_limit and self.validation >= self.train_limit:
+            raise ConfigError("validation", f"is {self.validation!r}, not below train_limit {self.train_limit!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,6 +498,10 @@ class RunConfig:
             ``scope``): ``layer`` (each weight at the target), ``global`` (one
             threshold) or ``erk`` (Erdős–Rényi-Kernel).
         method: How masks are chosen and moved (:class:`MethodConfig`).
+        output_layer: ``pruned`` (default: the output layer is pruned like the
+            others) or ``dense`` (it keeps every weight, :class:`prune.KeepDense`;
+            rigl's MNIST setup and ERK default). The sparsity then applies to the
+            other layers. One policy for every method of a sweep.
     """
 
     implementation: ImplementationConfig
@@ -501,9 +515,11 @@ class RunConfig:
     criterion: str = "magnitude"
     distribution: str = "layer"
     method: MethodConfig = MethodConfig()
+    output_layer: str = "pruned"
 
     def __post_init__(self) -> None:
         _range("seed", self.seed, 0, 2**31 - 1)
+        _choice("output_layer", self.output_layer, OUTPUT_LAYERS, "output_layer")
         _range("sparsity", self.sparsity, 0.0, 1.0, hi_open=True)
         _choice("criterion", self.criterion, CRITERIA, "criterion")
         _choice("distribution", self.distribution, DISTRIBUTIONS, "distribution")
@@ -517,6 +533,10 @@ class RunConfig:
             self.pattern != PatternConfig() or self.criterion != "magnitude" or self.distribution != "layer"
         ):
             raise ConfigError("pattern", f"{impl.name} runs take no pattern, criterion or distribution")
+        if not impl.prunes and self.output_layer != "pruned":
+            raise ConfigError("output_layer", f"{impl.name} runs prune no layer, got {self.output_layer!r}")
+        if self.output_layer != "pruned" and impl.name == "tfmot":
+            raise ConfigError("output_layer", f"the tfmot baseline prunes every layer, got {self.output_layer!r}")
         if not impl.prunes and self.method != MethodConfig():
             raise ConfigError("method", f"{impl.name} runs train no mask, so they take no method, got {self.method.name!r}")
         if impl.prunes and impl.name not in method.runs_on:
@@ -610,6 +630,7 @@ class SweepConfig:
             ``{name = "rigl", drop_fraction = 0.5}``; a table may carry its own
             ``sparsities``, used for that method instead of the sweep's.
         training: Shared optimizer and loop settings.
+        output_layer: ``pruned`` or ``dense`` for every pruning run (:class:`RunConfig`).
     """
 
     name: str
@@ -624,8 +645,10 @@ class SweepConfig:
     distributions: tuple[str, ...] = ("layer",)
     methods: tuple[MethodConfig, ...] = (MethodConfig(),)
     training: TrainingConfig = TrainingConfig()
+    output_layer: str = "pruned"
 
     def __post_init__(self) -> None:
+        _choice("output_layer", self.output_layer, OUTPUT_LAYERS, "output_layer")
         if not self.name or not all(c.isalnum() or c in "-_" for c in self.name):
             raise ConfigError("name", f"must be non-empty letters, digits, '-' or '_', got {self.name!r}")
         axes_ = ("implementations", "sparsities", "models", "datasets", "seeds", "schedules", "patterns", "criteria")

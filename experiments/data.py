@@ -51,11 +51,12 @@ class DataUnavailable(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Data:
-    """A train/test split.
+    """A train/test split, with an optional validation split held out of the training set.
 
     Attributes:
         x_train, y_train, x_test, y_test: Arrays (float32 inputs, int32 labels).
         n_classes: Number of classes.
+        x_val, y_val: The validation split (``DatasetConfig.validation`` examples), or ``None``.
     """
 
     x_train: np.ndarray
@@ -63,6 +64,8 @@ class Data:
     x_test: np.ndarray
     y_test: np.ndarray
     n_classes: int
+    x_val: np.ndarray | None = None
+    y_val: np.ndarray | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -70,10 +73,22 @@ class Data:
         return tuple(self.x_train.shape[1:])
 
 
+SYSTEM_DATA_DIR = Path("/usr/share/datasets")
+"""Where Debian's ``dataset-*`` packages install data sets (``dataset-fashion-mnist``: ``fashion-mnist/*.gz``)."""
+
+
 def keras_cache_dirs() -> list[Path]:
     """Where Keras keeps datasets: ``$KERAS_HOME`` or ``~/.keras``, then ``/tmp/.keras`` (its fallback)."""
     home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
     return [Path(home) / "datasets", Path("/tmp/.keras/datasets")]
+
+
+def data_dirs() -> list[Path]:
+    """Where the cached data sets are looked for, in order: :func:`keras_cache_dirs`, then :data:`SYSTEM_DATA_DIR`.
+
+    Debian's packages and Keras's cache use the same file names (``fashion-mnist/train-images-idx3-ubyte.gz``...).
+    """
+    return [*keras_cache_dirs(), SYSTEM_DATA_DIR]
 
 
 def _cifar_dir(base: Path) -> Path | None:
@@ -91,7 +106,7 @@ def _cifar_archive(base: Path) -> Path | None:
 
 
 def _find_cache(name: str) -> Path | None:
-    for base in keras_cache_dirs():
+    for base in data_dirs():
         if name == "cifar10":
             if _cifar_dir(base) or _cifar_archive(base):
                 return base
@@ -112,11 +127,17 @@ def check_available(config: DatasetConfig) -> None:
         _bundled(config.name, *spec.bundled)
     if spec.keras_cache:
         if _find_cache(config.name) is None:
-            where = " or ".join(str(d) for d in keras_cache_dirs())
+            where = " or ".join(str(d) for d in data_dirs())
+            package = (
+                f"Install Debian's package {spec.system_package!r} (apt-get install {spec.system_package}), which puts "
+                f"it under {SYSTEM_DATA_DIR}, or on a machine with network run"
+                if spec.system_package
+                else "On a machine with network run"
+            )
             raise DataUnavailable(
-                f"dataset {config.name!r} is not in the Keras cache ({where}) and this runner never downloads. "
-                f"On a machine with network run: python -c \"import keras; keras.datasets.{config.name}.load_data()\" "
-                "and copy ~/.keras/datasets here, or use digits, mnist5k or synthetic."
+                f"dataset {config.name!r} is not in {where} and this runner never downloads. "
+                f"{package}: python -c \"import keras; keras.datasets.{config.name}.load_data()\" "
+                "and copy ~/.keras/datasets here; or use digits, mnist5k or synthetic."
             )
 
 
@@ -225,10 +246,22 @@ def load(config: DatasetConfig) -> Data:
     x_tr, y_tr, x_te, y_te, n_classes = resolve(axes.DATASETS.get(config.name).load)(config)
     if config.train_limit:
         x_tr, y_tr = x_tr[: config.train_limit], y_tr[: config.train_limit]
+    x_va = y_va = None
+    if config.validation:
+        if config.validation >= len(x_tr):
+            raise ValueError(
+                f"validation is {config.validation}, but dataset {config.name!r} has {len(x_tr)} training examples"
+            )
+        order = np.random.default_rng([config.split_seed, 7]).permutation(len(x_tr))
+        held, kept = np.sort(order[: config.validation]), np.sort(order[config.validation :])
+        x_va, y_va = x_tr[held], y_tr[held]
+        x_tr, y_tr = x_tr[kept], y_tr[kept]
     return Data(
         np.ascontiguousarray(x_tr, dtype=np.float32),
         np.asarray(y_tr, dtype=np.int32).reshape(-1),
         np.ascontiguousarray(x_te, dtype=np.float32),
         np.asarray(y_te, dtype=np.int32).reshape(-1),
         int(n_classes),
+        None if x_va is None else np.ascontiguousarray(x_va, dtype=np.float32),
+        None if y_va is None else np.asarray(y_va, dtype=np.int32).reshape(-1),
     )

@@ -61,6 +61,7 @@ def expand(sweep: SweepConfig) -> list[RunConfig]:
                     criterion=criterion,
                     distribution=distribution,
                     method=method,
+                    output_layer=sweep.output_layer if axes.IMPLEMENTATIONS.get(impl.name).prunes else "pruned",
                 )
             except ConfigError as e:
                 where = f"datasets={dataset.name!r}, models={model.label!r}, implementations={impl.label!r}"

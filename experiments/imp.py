@@ -180,7 +180,9 @@ def _masked_model(run: RunConfig, data: Data) -> tuple[Any, dict[str, float]]:
     import prune
 
     plain, positions = seeded_model(run, data, keras)
-    model = prune.prune_low_magnitude(plain, prune.ConstantSparsity(0.0, 0), seed=run.seed)
+    from experiments.implementations import output_policy
+
+    model = prune.prune_low_magnitude(plain, prune.ConstantSparsity(0.0, 0), seed=run.seed, **output_policy(run, plain))
     for layer in prune.prunable_layers(model):
         layer.pruning_schedule = None
     return model, positions

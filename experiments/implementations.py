@@ -89,6 +89,16 @@ def pruning_kwargs(run: RunConfig) -> dict[str, Any]:
     return dict(**run.pattern.library_kwargs(), criterion=run.criterion_used, scope=run.distribution, seed=run.seed)
 
 
+def output_policy(run: RunConfig, plain: Any) -> dict[str, Any]:
+    """``{"pruning_policy": prune.KeepDense([output layer])}`` when ``run.output_layer == "dense"``, else ``{}``."""
+    if run.output_layer != "dense":
+        return {}
+    import prune
+
+    last = [layer.name for layer in plain.layers if hasattr(layer, "kernel")][-1]
+    return {"pruning_policy": prune.KeepDense([last])}
+
+
 def fixed_batch(run: RunConfig, data: Data) -> tuple[np.ndarray, np.ndarray]:
     """The first ``batch_size`` training examples: the batch every gradient score of a run is taken on."""
     n = run.training.batch_size
@@ -117,7 +127,7 @@ def masked_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
     import prune
 
     schedule = library_schedule(run, spe) if run.schedule_used() is not None else None
-    return prune.prune_low_magnitude(plain, schedule, **pruning_kwargs(run))
+    return prune.prune_low_magnitude(plain, schedule, **pruning_kwargs(run), **output_policy(run, plain))
 
 
 def sparse_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:

@@ -39,7 +39,9 @@ def sparse_training(
 
     RigL's dense gradient is taken on the run's fixed gradient batch
     (:func:`experiments.implementations.fixed_batch`), the same at every update,
-    as the gradient criteria are; rigl's code uses the current batch. ``end`` is
+    as the gradient criteria are, or with ``gradient_batch = "current"`` on the
+    batch the update's step trains on (:func:`experiments.train.current_batch`),
+    as rigl's code does. ``drop = "per_sign"`` is SET's own drop. ``end`` is
     a fraction of the run's training steps. ``finish`` writes
     ``run_dir/mask_updates.csv``: one row per update and weight (``step, key,
     live, dropped, grown, changed_fraction = dropped / live``); static
@@ -52,8 +54,19 @@ def sparse_training(
     prune.sparse_init(model, run.sparsity, distribution=DST_DISTRIBUTION[run.distribution], seed=run.seed)
     callbacks: list[Any] = []
     if run.method.name in DST_METHODS:
+        import keras
+
+        from experiments.train import current_batch
+
         p = run.method.params
         total = spe * run.training.epochs
+        gradient_data = None
+        if DST_METHODS[run.method.name]:
+            if p.gradient_batch == "current":
+                gradient_data = current_batch(keras, run.training.batch_size)
+                callbacks.append(gradient_data)  # before DynamicSparsity: it knows the batch when the update asks
+            else:
+                gradient_data = fixed_batch(run, data)
         callbacks.append(
             prune.DynamicSparsity(
                 run.method.name,
@@ -62,12 +75,13 @@ def sparse_training(
                 end_step=max(1, int(round(p.end * total))),
                 decay=p.decay,
                 seed=run.seed,
-                gradient_data=fixed_batch(run, data) if DST_METHODS[run.method.name] else None,
+                gradient_data=gradient_data,
+                drop=p.drop,
             )
         )
 
     def finish() -> None:
-        history = callbacks[0].history if callbacks else []
+        history = callbacks[-1].history if callbacks else []
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(MASK_UPDATE_COLUMNS)

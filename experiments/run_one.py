@@ -250,6 +250,8 @@ def _execute(run: RunConfig, run_dir: Path, context: dict[str, Any]) -> dict[str
             keras_impl=out["keras_impl"],
             native_kernel=out.get("native_kernel", ""),
             native_flags=out.get("native_flags", ""),
+            val_accuracy=out["final"].get("val_accuracy", ""),
+            val_loss=out["final"].get("val_loss", ""),
         )
         curves = [dict(run_id=run.run_id, epoch=e, metric=m, value=v) for e, m, v in out["curves"]]
         log(f"done test_accuracy={metrics['test_accuracy']:.4f} sparsity={metrics['sparsity']:.4f}")

@@ -83,6 +83,7 @@ CONFIG_COLUMNS = [
     "criterion",
     "distribution",
     "method",
+    "output_layer",
     "schedule",
     "schedule_begin",
     "schedule_end",
@@ -102,6 +103,9 @@ METRIC_COLUMNS = [
     "test_loss",
     "train_accuracy",
     "train_loss",
+    # on the validation split held out of the training set (DatasetConfig.validation), empty without one
+    "val_accuracy",
+    "val_loss",
     # sparsity (over the weights in sparsity_report.csv: kernels of Dense and Conv layers)
     "sparsity",
     "nnz",
@@ -178,6 +182,7 @@ def config_columns(run: RunConfig, sweep: str) -> dict[str, Any]:
         criterion=run.criterion_used if prunes else "",
         distribution=run.distribution if prunes else "",
         method=run.method.name if prunes else "",
+        output_layer=run.output_layer if prunes else "",
         schedule=s.kind if s else "none",
         schedule_begin=s.begin if s else "",
         schedule_end=(s.end if s.kind != "one_shot" else s.begin) if s else "",

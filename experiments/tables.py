@@ -74,7 +74,7 @@ _INT = ("seed", "epochs", "batch_size", "nnz", "size", "timed_steps", "schedule_
 _FLOAT = ("target_sparsity", "learning_rate", "schedule_begin", "schedule_end", "test_accuracy", "test_loss",
           "train_accuracy", "train_loss", "sparsity", "dense_flops", "nonzero_flops", "model_bytes", "checkpoint_bytes",
           "step_time_ms", "latency_b1_ms", "latency_b256_ms", "peak_rss_mb", "startup_seconds", "fit_seconds",
-          "eval_seconds", "total_seconds", "overhead_seconds")
+          "eval_seconds", "total_seconds", "overhead_seconds", "val_accuracy", "val_loss")
 RUN_SCHEMA: dict[str, Column] = {
     **{c: Column("int") for c in _INT},
     **{c: Column("float") for c in _FLOAT},
@@ -85,9 +85,10 @@ RUN_SCHEMA: dict[str, Column] = {
     "seed": Column("int", True),
 }
 """Types of the runs.csv columns; a column not listed is a string that may be empty."""
-OPTIONAL_RUN_COLUMNS = {"native_kernel": "", "native_flags": ""}
-"""String columns the runner may write (``sparse_tensor`` runs: which kernel ran, with which build flags);
-a table without them is complete, and gets them empty."""
+OPTIONAL_RUN_COLUMNS = {"native_kernel": "", "native_flags": "", "val_accuracy": "", "val_loss": "", "output_layer": ""}
+"""Columns the runner may write (``sparse_tensor`` runs: which kernel ran, with which build flags; runs with a
+validation split: its final accuracy and loss; ``output_layer``, empty before it existed: ``pruned``); a table
+without them is complete, and gets them empty."""
 RUN_STATUSES = ("ok", "diverged", "failed")
 FIGURE_RUN_COLUMNS = ["run_id", "implementation", "matmul", "target_sparsity", "seed", "status", "test_accuracy"]
 """The columns ``figures`` needs in a runs.csv it did not get from this runner (a hand-made table)."""

@@ -57,6 +57,7 @@ __all__ = [
     "weight_report",
     "REPORT_COLUMNS",
     "steps_per_epoch",
+    "current_batch",
 ]
 
 WARMUP_STEPS = 5
@@ -112,8 +113,9 @@ class TrainResult:
         curves: Long-format rows ``(epoch, metric, value)``.
         step_times: Timed step durations in seconds (warm-up excluded).
         fit_seconds: Wall time inside ``fit``.
-        eval_seconds: Wall time of the per-epoch test evaluations.
-        final: Last epoch's ``train_loss, train_accuracy, test_loss, test_accuracy``.
+        eval_seconds: Wall time of the per-epoch test (and validation) evaluations.
+        final: Last epoch's ``train_loss, train_accuracy, test_loss, test_accuracy``, and
+            ``val_loss, val_accuracy`` when the data has a validation split.
         model: The trained model.
     """
 
@@ -155,6 +157,39 @@ def _first_loss(keras: Any, sink: list[float]) -> Any:
     return FirstLoss()
 
 
+def current_batch(keras: Any, batch_size: int) -> Any:
+    """A ``fit`` callback that is also a ``gradient_data`` callable: it returns the batch about to be trained.
+
+    :func:`train` hands it each epoch's permuted arrays (its ``epoch_arrays``);
+    ``on_train_batch_begin`` records the batch index, so a callback after it in
+    the list (:class:`prune.DynamicSparsity`, RigL's grow gradient) that calls
+    it gets the examples of the step being taken, as rigl's code does.
+    """
+
+    class CurrentBatch(keras.callbacks.Callback):
+        """The examples of the step being taken (``__call__``), from the epoch's arrays and the batch index."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.arrays: tuple[np.ndarray, np.ndarray] | None = None
+            self.index = 0
+
+        def epoch_arrays(self, x: np.ndarray, y: np.ndarray) -> None:
+            self.arrays, self.index = (x, y), 0
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.index = int(batch)
+
+        def __call__(self) -> tuple[np.ndarray, np.ndarray]:
+            if self.arrays is None:
+                raise RuntimeError("current_batch: no epoch arrays yet (train() hands them over before each fit)")
+            x, y = self.arrays
+            lo = self.index * batch_size
+            return x[lo : lo + batch_size], y[lo : lo + batch_size]
+
+    return CurrentBatch()
+
+
 def train(
     model: Any,
     data: Any,
@@ -187,6 +222,9 @@ def train(
     for epoch in range(cfg.epochs):
         order = rng.permutation(n)
         x, y = data.x_train[order], data.y_train[order]
+        for cb in callbacks:
+            if hasattr(cb, "epoch_arrays"):  # current_batch: the arrays this epoch's steps slice
+                cb.epoch_arrays(x, y)
         t0 = time.perf_counter()
         try:
             hist = model.fit(
@@ -202,13 +240,16 @@ def train(
         fit_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         test_loss, test_acc = model.evaluate(data.x_test, data.y_test, batch_size=512, verbose=0)
-        eval_s += time.perf_counter() - t0
         final = {
             "train_loss": float(hist.history["loss"][-1]),
             "train_accuracy": float(hist.history["accuracy"][-1]),
             "test_loss": float(test_loss),
             "test_accuracy": float(test_acc),
         }
+        if getattr(data, "x_val", None) is not None:
+            val_loss, val_acc = model.evaluate(data.x_val, data.y_val, batch_size=512, verbose=0)
+            final.update(val_loss=float(val_loss), val_accuracy=float(val_acc))
+        eval_s += time.perf_counter() - t0
         curves += [(epoch + 1, k, v) for k, v in final.items()]
         log(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(f"{k}={v:.4f}" for k, v in final.items()))
         bad_losses = [k for k in ("train_loss", "test_loss") if not math.isfinite(final[k])]

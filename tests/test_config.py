@@ -191,7 +191,7 @@ GOOD = 'name = "t"\nimplementations = ["dense"]\nsparsities = [0.5]\nmodels = ["
         (GOOD.replace("[0.5]", "[1.5]"), "sparsities[0]: must be < 1.0"),
         (GOOD.replace("[0.5]", "[]"), "sparsities: is empty, so the grid is empty"),
         ("name = [unclosed", "is not valid TOML"),
-        (GOOD.replace('["digits"]', '["cifar10"]'), "is not in the Keras cache"),
+        (GOOD.replace('["digits"]', '["cifar10"]'), "this runner never downloads"),
     ],
 )
 def test_bad_input_exits_nonzero_writing_nothing(tmp_path, capsys, monkeypatch, text, message):

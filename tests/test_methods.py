@@ -51,7 +51,7 @@ def error_of(**changes) -> ConfigError:
     "methods, path, message",
     [
         (["rigel"], "methods[0].name", "unknown method 'rigel'; did you mean 'rigl'? (valid: gmp, one_shot, snip, set, rigl, static, imp)"),
-        ([{"name": "rigl", "drop_fraktion": 0.5}], "methods[0].drop_fraktion", "unknown key for method 'rigl'; did you mean 'drop_fraction'? (valid keys: name, update_every, drop_fraction, end, decay, sparsities)"),
+        ([{"name": "rigl", "drop_fraktion": 0.5}], "methods[0].drop_fraktion", "unknown key for method 'rigl'; did you mean 'drop_fraction'? (valid keys: name, update_every, drop_fraction, end, decay, drop, gradient_batch, sparsities)"),
         ([{"name": "set", "drop_fraction": 1.5}], "methods[0].drop_fraction", "must be in (0, 1], got 1.5"),
         ([{"name": "set", "update_every": 0}], "methods[0].update_every", "must be >= 1, got 0"),
         ([{"name": "set", "update_every": 2.5}], "methods[0].update_every", "must be an integer"),
