@@ -5,5 +5,6 @@
 * :mod:`~experiments.plots.layer_speed`: the layer benchmark's speed-ups;
 * :mod:`~experiments.plots.freezing`: the partial-freezing experiment;
 * :mod:`~experiments.plots.patterns`: the pattern x criterion sweep;
-* :mod:`~experiments.plots.methods`: the methods sweep (GMP, SNIP, SET, RigL, IMP).
+* :mod:`~experiments.plots.methods`: the methods sweep (GMP, SNIP, SET, RigL, IMP);
+* :mod:`~experiments.plots.tradeoff`: accuracy against measured latency (`benchmarks/deployed_latency.py`).
 """

@@ -1,0 +1,225 @@
+"""Accuracy against measured latency: large-sparse against small-dense on Fashion-MNIST (issue 22).
+
+Zhu and Gupta (2017) found that a large pruned model beats a small dense one of
+the same number of weights. A user deploys at a latency, not a size, so this
+script times the trained models of the Fashion-MNIST study as they would be
+deployed and puts them on one figure with their test accuracy:
+
+* ``unstructured`` (GMP, ``fmnist_lenet300``), ``block 1x16``, ``2:4``, ``3:4``
+  (``fmnist_lenet300_patterns``): the masked model converted by
+  ``prune.convert(to="sparse", matmul="auto")`` to ``SparseDense`` layers, which
+  pick their kernel (native general or block kernels, or a dense product) by
+  the cost model; the output layer stays a plain ``Dense``.
+* ``channel`` (``fmnist_lenet300_patterns``): ``prune.shrink`` of the stripped
+  model, a plain Dense model with the pruned units removed.
+* ``small dense`` (``fmnist_lenet300_small_dense``): LeNet-300-100's shape
+  made narrower to the pruned model's weight counts.
+* ``dense``: LeNet-300-100 itself.
+
+Latency is timed on the seed-0 run of each cell (the deployed structure is
+the same shape for every seed; the accuracy is the mean over seeds with its
+95% t interval, from the runs tables). One ``tf.function`` per model, a forward
+pass on test images, every model timed once per round in a shuffled order,
+``--reps`` calls per timing, median over ``--rounds`` rounds. TensorFlow's
+thread counts are fixed (``--threads``, inter-op 1) and written to the table.
+
+    .venv/bin/python benchmarks/deployed_latency.py                 # times, writes the table and the figure
+    .venv/bin/python benchmarks/deployed_latency.py --figure-only   # redraws the figure from the table
+
+Writes ``results/fmnist_lenet300/latency.csv`` and
+``results/fmnist_lenet300/figures/accuracy_vs_latency.{png,pdf}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "results"
+STUDY = "fmnist_lenet300"
+SWEEPS = {"methods": STUDY, "patterns": "fmnist_lenet300_patterns", "small": "fmnist_lenet300_small_dense"}
+BATCHES = (1, 256)
+COLUMNS = ["family", "target_sparsity", "run_id", "weights", "batch", "latency_ms", "rounds", "reps", "kernel",
+           "accuracy", "accuracy_low", "accuracy_high", "seeds", "intra_op_threads", "inter_op_threads", "cpu_model",
+           "native_vector"]
+
+
+def family_of(row: pd.Series) -> str:
+    """The curve a run belongs to on the figure."""
+    if row["implementation"] == "dense":
+        return "dense" if row["model"] == "lenet300" else "small dense"
+    pattern = str(row["pattern"])
+    return {"unstructured": "unstructured", "block1x16": "block 1x16", "nm2:4": "2:4", "nm3:4": "3:4",
+            "channel": "channel"}.get(pattern.replace(" ", "").replace("-", "").lower(), pattern)
+
+
+def _runs(results: Path) -> pd.DataFrame:
+    from experiments.figures import read_tables
+
+    parts = []
+    for key, sweep in SWEEPS.items():
+        runs, _ = read_tables(results / sweep)
+        runs = runs[runs["status"] == "ok"].copy()
+        if key == "methods":  # GMP is the unstructured curve; the other methods are not deployed differently
+            runs = runs[(runs["implementation"] == "dense") | (runs["method"] == "gmp")]
+        runs["sweep"] = sweep
+        parts.append(runs)
+    runs = pd.concat(parts, ignore_index=True)
+    runs["family"] = runs.apply(family_of, axis=1)
+    runs["cell"] = np.where(runs["family"] == "small dense", runs["model"], runs["target_sparsity"].astype(str))
+    return runs
+
+
+def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str):
+    """The deployed Keras model of one run, rebuilt from its config and checkpoint."""
+    import keras
+
+    import prune
+    from experiments.config import load_sweep
+    from experiments.data import load
+    from experiments.grid import expand
+    from experiments.implementations import masked_model
+    from experiments.models import seeded_model
+    from experiments.train import steps_per_epoch
+
+    folder = results / sweep / "runs" / run_id
+    run = {r.run_id: r for r in expand(load_sweep(configs / f"{sweep}.toml"))}[run_id]
+    data = load(run.dataset)
+    plain, _ = seeded_model(run, data, keras)
+    if run.implementation.name == "dense":
+        plain.load_weights(str(folder / "checkpoint.weights.h5"))
+        return plain, data
+    masked = masked_model(run, data, plain, steps_per_epoch(len(data.x_train), run.training.batch_size))
+    masked.load_weights(str(folder / "checkpoint.weights.h5"))
+    if family == "channel":
+        return prune.shrink(prune.strip_pruning(masked)), data
+    return prune.convert(masked, to="sparse", matmul="auto"), data
+
+
+def _weights(model) -> int:
+    """Stored kernel weights of a deployed model (nonzeros of Dense kernels, values of SparseDense)."""
+    from prune.layers.sparse import SparseDense
+
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer, SparseDense):
+            total += int(np.count_nonzero(layer.to_dense()))
+        elif hasattr(layer, "kernel"):
+            total += int(np.count_nonzero(np.asarray(layer.kernel)))
+    return total
+
+
+def _kernel(model) -> str:
+    """``SparseDense auto`` (the layer picks its kernel per call) or ``Dense`` (plain, or shrunk)."""
+    from prune.layers.sparse import SparseDense
+
+    return "SparseDense auto" if any(isinstance(layer, SparseDense) for layer in model.layers) else "Dense"
+
+
+def measure(args: argparse.Namespace) -> pd.DataFrame:
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.get_logger().setLevel("ERROR")
+    import prune
+    from experiments.stats import mean_ci
+    from prune import native
+
+    results, configs = Path(args.results), Path(args.configs)
+    runs = _runs(results)
+    cells = []
+    for (family, cell), group in runs.groupby(["family", "cell"]):
+        first = group.sort_values("seed").iloc[0]
+        ci = mean_ci(group["test_accuracy"])
+        model, data = _model(results, configs, first["sweep"], first["run_id"], family)
+        fn = tf.function(lambda x, m=model: m(x, training=False), reduce_retracing=True)
+        inputs = {b: tf.constant(data.x_test[np.arange(b) % len(data.x_test)]) for b in BATCHES}
+        for b in BATCHES:
+            for _ in range(3):
+                np.asarray(fn(inputs[b]))
+        cells.append(dict(family=family, target_sparsity=float(first["target_sparsity"]), run_id=first["run_id"],
+                          weights=_weights(model), kernel=_kernel(model), accuracy=ci.mean, accuracy_low=ci.low,
+                          accuracy_high=ci.high, seeds=ci.n, fn=fn, inputs=inputs, times={b: [] for b in BATCHES}))
+        print(f"built {family:12s} {cell:>8s}: {cells[-1]['weights']:7d} weights, kernel {cells[-1]['kernel']}", flush=True)
+    rng = np.random.default_rng(0)
+    for r in range(args.rounds):
+        for i in rng.permutation(len(cells)):
+            c = cells[i]
+            for b in BATCHES:
+                t0 = time.perf_counter()
+                for _ in range(args.reps):
+                    np.asarray(c["fn"](c["inputs"][b]))
+                c["times"][b].append((time.perf_counter() - t0) / args.reps * 1000.0)
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+    status = native.status()
+    rows = []
+    for c in cells:
+        for b in BATCHES:
+            rows.append(dict(
+                family=c["family"], target_sparsity=c["target_sparsity"], run_id=c["run_id"], weights=c["weights"],
+                batch=b, latency_ms=float(np.median(c["times"][b])), rounds=args.rounds, reps=args.reps,
+                kernel=c["kernel"], accuracy=c["accuracy"], accuracy_low=c["accuracy_low"],
+                accuracy_high=c["accuracy_high"], seeds=c["seeds"],
+                intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads(),
+                inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads(),
+                cpu_model=_cpu_model(), native_vector=getattr(status, "vector", "") or "",
+            ))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--figure-only", action="store_true", help="redraw the figure from the committed table")
+    p.add_argument("--results", default=str(RESULTS), help="results root holding the three sweeps")
+    p.add_argument("--configs", default=str(ROOT / "experiments" / "configs"), help="folder of their sweep files")
+    args = p.parse_args(argv)
+    for name in ("rounds", "reps", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    table = Path(args.results) / STUDY / "latency.csv"
+    if not args.figure_only:
+        df = measure(args)
+        table.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(table, index=False)
+        print(f"wrote {table}; intra_op_threads={args.threads}, inter_op_threads=1")
+    df = pd.read_csv(table)
+    from experiments.plots.tradeoff import accuracy_vs_latency
+    from experiments.figures import render
+
+    out = Path(args.results) / STUDY / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    fig = accuracy_vs_latency(df)
+    for fmt in ("png", "pdf"):
+        (out / f"accuracy_vs_latency.{fmt}").write_bytes(render(fig, fmt))
+    print(f"wrote {out / 'accuracy_vs_latency.png'} and .pdf")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""Accuracy against measured latency: large-sparse against small-dense (``benchmarks/deployed_latency.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, NullFormatter
+
+from experiments.plots.style import ACC_LABEL, OKABE_ITO, PCT, use_style
+
+__all__ = ["FAMILY_STYLES", "accuracy_vs_latency"]
+
+FAMILY_STYLES = {
+    "unstructured": (OKABE_ITO["blue"], "o", "-"),
+    "block 1x16": (OKABE_ITO["vermillion"], "s", "-"),
+    "2:4": (OKABE_ITO["reddish_purple"], "D", "none"),
+    "3:4": (OKABE_ITO["reddish_purple"], "d", "none"),
+    "channel": (OKABE_ITO["orange"], "v", "-"),
+    "small dense": ("#000000", "^", "--"),
+    "dense": ("#000000", "*", "none"),
+}
+
+
+def accuracy_vs_latency(table: pd.DataFrame) -> Figure:
+    """Test accuracy (mean over seeds with its 95% interval) against latency, one panel per batch size.
+
+    Args:
+        table: ``results/fmnist_lenet300/latency.csv`` (columns ``family``, ``batch``,
+            ``latency_ms``, ``accuracy``, ``accuracy_low``, ``accuracy_high``, ``weights``).
+
+    Raises:
+        ValueError: a required column is missing.
+    """
+    need = {"family", "batch", "latency_ms", "accuracy", "accuracy_low", "accuracy_high", "weights"}
+    missing = sorted(need - set(table.columns))
+    if missing:
+        raise ValueError(f"the latency table lacks columns {missing}")
+    batches = sorted(table["batch"].unique())
+    with use_style():
+        fig = Figure(figsize=(3.4 * len(batches), 3.0), layout="constrained")
+        axes = fig.subplots(1, len(batches), squeeze=False)[0]
+        for ax, batch in zip(axes, batches):
+            part = table[table["batch"] == batch]
+            for family, (color, marker, line) in FAMILY_STYLES.items():
+                f = part[part["family"] == family].sort_values("weights")
+                if f.empty:
+                    continue
+                y = f["accuracy"].to_numpy() * PCT
+                err = np.vstack([y - f["accuracy_low"].to_numpy() * PCT, f["accuracy_high"].to_numpy() * PCT - y])
+                err = np.nan_to_num(err, nan=0.0)
+                ax.errorbar(f["latency_ms"], y, yerr=err, color=color, marker=marker, linestyle=line,
+                            markersize=4, capsize=2, linewidth=1, label=family)
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel(f"Latency at batch {batch} (ms, log)")
+            ax.set_title(f"batch {batch}")
+        axes[0].set_ylabel(ACC_LABEL)
+        axes[-1].legend(fontsize=7, loc="lower right")
+    return fig

@@ -1,0 +1,143 @@
+"""Intervals and paired tests for the findings of a sweep (the study notebooks state a claim only when these say so).
+
+Runs of a sweep share their seeds across methods: seed ``s`` gives every method
+the same initial weights and the same data order. A comparison of two methods
+is therefore *paired* by seed, and :func:`paired` gives the mean difference
+with its 95% confidence interval and the two-sided paired t-test (Student's t
+on the per-seed differences). :func:`mean_ci` gives one cell's mean with its
+t interval. With 5 seeds the t quantile is 2.776, so an interval is about
+1.24 standard deviations of the seeds each side of the mean.
+
+A claim "A beats B by d points" holds here when the paired interval lies
+entirely above 0 (and "no difference" only says the interval contains 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Interval", "Paired", "mean_ci", "paired", "paired_table", "CONFIDENCE"]
+
+CONFIDENCE = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """A mean and its two-sided t confidence interval.
+
+    Attributes:
+        mean: The sample mean.
+        low, high: The interval's ends (NaN with fewer than 2 values).
+        n: Number of values.
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width."""
+        return (self.high - self.low) / 2.0
+
+    def excludes(self, value: float = 0.0) -> bool:
+        """Whether ``value`` lies outside the interval (False when the interval is undefined)."""
+        return bool(self.low > value or self.high < value)
+
+    def __str__(self) -> str:
+        return f"{self.mean:.4f} [{self.low:.4f}, {self.high:.4f}] (n={self.n})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired(Interval):
+    """:class:`Interval` of the per-seed differences ``a - b``, with the paired t-test.
+
+    Attributes:
+        p_value: Two-sided p-value of the paired t-test (NaN with fewer than 2 pairs,
+            1.0 when every difference is 0).
+        wins: Seeds where ``a > b``.
+        ties: Seeds where ``a == b``.
+    """
+
+    p_value: float = math.nan
+    wins: int = 0
+    ties: int = 0
+
+
+def _t_quantile(confidence: float, dof: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + confidence / 2.0, dof))
+
+
+def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval:
+    """The mean of ``values`` with its two-sided Student-t confidence interval.
+
+    Args:
+        values: Finite numbers (one per seed).
+        confidence: In (0, 1).
+
+    Raises:
+        ValueError: ``confidence`` out of range, no values, or a value that is not finite.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    x = np.asarray(list(values), dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("values is empty: an interval needs at least one value")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"values must be finite, got {x.tolist()!r}")
+    m = float(x.mean())
+    if x.size < 2:
+        return Interval(m, math.nan, math.nan, int(x.size))
+    half = _t_quantile(confidence, x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return Interval(m, m - half, m + half, int(x.size))
+
+
+def paired(a: pd.Series, b: pd.Series, confidence: float = CONFIDENCE) -> Paired:
+    """``a - b`` paired by index (the seed), its mean, interval and paired t-test.
+
+    Args:
+        a, b: One value per seed, indexed by seed; only seeds in both count.
+
+    Raises:
+        ValueError: no seed in common, or :func:`mean_ci`'s errors.
+    """
+    common = a.index.intersection(b.index)
+    if len(common) == 0:
+        raise ValueError(f"a and b share no index value (a: {list(a.index)}, b: {list(b.index)})")
+    d = (a.loc[common].astype(float) - b.loc[common].astype(float)).to_numpy()
+    ci = mean_ci(d, confidence)
+    if d.size < 2:
+        p = math.nan
+    elif np.all(d == 0):
+        p = 1.0
+    else:
+        from scipy import stats
+
+        p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    return Paired(ci.mean, ci.low, ci.high, ci.n, p, int((d > 0).sum()), int((d == 0).sum()))
+
+
+def paired_table(
+    runs: pd.DataFrame, by: str, a: str, b: str, value: str = "test_accuracy", at: str = "target_sparsity"
+) -> pd.DataFrame:
+    """One row per ``at`` value: :func:`paired` of ``value`` for ``by == a`` against ``by == b``, by seed.
+
+    Columns: ``at``, ``diff``, ``low``, ``high``, ``p_value``, ``wins``, ``ties``, ``n``.
+    """
+    rows = []
+    for level, cell in runs.groupby(at):
+        x = cell[cell[by] == a].set_index("seed")[value]
+        y = cell[cell[by] == b].set_index("seed")[value]
+        if len(x) and len(y):
+            r = paired(x, y)
+            rows.append({at: level, "diff": r.mean, "low": r.low, "high": r.high, "p_value": r.p_value,
+                         "wins": r.wins, "ties": r.ties, "n": r.n})
+    return pd.DataFrame(rows)

@@ -1,0 +1,182 @@
+"""The Fashion-MNIST study's parts: intervals and paired tests (exact values), the Debian data files, the
+validation split, the dense output layer for every method, and RigL's gradient from the batch being trained."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import types
+from pathlib import Path
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import data as data_mod
+from experiments.config import ConfigError, DatasetConfig, ImplementationConfig, MethodConfig, ModelConfig, RunConfig
+from experiments.stats import mean_ci, paired, paired_table
+
+# -- intervals: exact values on tiny inputs ------------------------------------------------------------------
+
+
+def test_mean_ci_is_the_student_t_interval():
+    ci = mean_ci([1.0, 2.0, 3.0])
+    # sd 1, se 1/sqrt(3), t(0.975, 2 dof) = 4.302652729...
+    assert ci.mean == 2.0 and ci.n == 3
+    assert ci.half_width == pytest.approx(4.302652729749462 / math.sqrt(3), rel=1e-12)
+    assert ci.excludes(-0.5) and not ci.excludes(0.0)
+    one = mean_ci([0.7])
+    assert one.mean == 0.7 and math.isnan(one.low) and not one.excludes(0.0)
+    with pytest.raises(ValueError, match="values must be finite.*nan"):
+        mean_ci([1.0, float("nan")])
+    with pytest.raises(ValueError, match="confidence must be in \\(0, 1\\), got 1.5"):
+        mean_ci([1.0, 2.0], confidence=1.5)
+
+
+def test_paired_differences_pair_by_seed_and_count_wins_and_ties():
+    a = pd.Series([0.90, 0.80, 0.85, 0.70], index=[0, 1, 2, 9])  # seed 9 has no partner
+    b = pd.Series([0.88, 0.80, 0.80], index=[2, 1, 0])
+    r = paired(a, b)
+    # differences by seed: 0: 0.90-0.80=0.10, 1: 0, 2: 0.85-0.88=-0.03
+    assert r.n == 3 and r.wins == 1 and r.ties == 1
+    assert r.mean == pytest.approx((0.10 + 0.0 - 0.03) / 3, abs=1e-15)
+    assert 0.0 < r.p_value < 1.0 and not r.excludes(0.0)
+    assert paired(pd.Series([1.0, 1.0]), pd.Series([1.0, 1.0])).p_value == 1.0
+    with pytest.raises(ValueError, match="share no index"):
+        paired(pd.Series([1.0], index=[0]), pd.Series([1.0], index=[1]))
+
+
+def test_paired_table_one_row_per_sparsity():
+    runs = pd.DataFrame(
+        {"method": ["rigl", "set"] * 4, "seed": [0, 0, 1, 1] * 2, "target_sparsity": [0.9] * 4 + [0.95] * 4,
+         "test_accuracy": [0.90, 0.89, 0.91, 0.89, 0.80, 0.81, 0.82, 0.80]}
+    )
+    t = paired_table(runs, "method", "rigl", "set")
+    assert list(t["target_sparsity"]) == [0.9, 0.95]
+    assert t["diff"].tolist() == pytest.approx([0.015, 0.005], abs=1e-12)
+    assert t["wins"].tolist() == [2, 1]
+
+
+# -- data -------------------------------------------------------------------------------------------------
+
+
+def _idx(path: Path, array: np.ndarray, magic: int) -> None:
+    header = magic.to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_is_found_where_debian_installs_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "empty_keras_home"))
+    system = tmp_path / "usr-share-datasets"
+    folder = system / "fashion-mnist"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    x_tr, x_te = rng.integers(0, 256, (5, 28, 28)), rng.integers(0, 256, (3, 28, 28))
+    _idx(folder / "train-images-idx3-ubyte.gz", x_tr, 2051)
+    _idx(folder / "t10k-images-idx3-ubyte.gz", x_te, 2051)
+    _idx(folder / "train-labels-idx1-ubyte.gz", np.array([0, 1, 2, 3, 4]), 2049)
+    _idx(folder / "t10k-labels-idx1-ubyte.gz", np.array([9, 8, 7]), 2049)
+    monkeypatch.setattr(data_mod, "SYSTEM_DATA_DIR", system)
+    data_mod.load.cache_clear()
+    try:
+        d = data_mod.load(DatasetConfig("fashion_mnist", validation=2))
+    finally:
+        data_mod.load.cache_clear()
+    assert d.x_train.shape == (3, 28, 28, 1) and d.x_val.shape == (2, 28, 28, 1) and d.x_test.shape == (3, 28, 28, 1)
+    np.testing.assert_array_equal(d.y_test, [9, 8, 7])
+    # the split is a partition of the 5 training images, exact in value
+    both = np.concatenate([d.x_train, d.x_val])[..., 0]
+    got = sorted(map(bytes, (both * 255).round().astype(np.uint8)))
+    assert got == sorted(map(bytes, x_tr.astype(np.uint8)))
+    assert sorted(np.concatenate([d.y_train, d.y_val]).tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_missing_fashion_mnist_names_the_debian_package(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "empty_keras_home"))
+    monkeypatch.setattr(data_mod, "SYSTEM_DATA_DIR", tmp_path / "nothing")
+    with pytest.raises(data_mod.DataUnavailable, match="apt-get install dataset-fashion-mnist"):
+        data_mod.check_available(DatasetConfig("fashion_mnist"))
+
+
+def test_validation_split_is_held_out_of_training_and_fixed_by_split_seed():
+    data_mod.load.cache_clear()
+    plain = data_mod.load(DatasetConfig("digits"))
+    held = data_mod.load(DatasetConfig("digits", validation=100))
+    again = data_mod.load(DatasetConfig("digits", validation=100, split_seed=0))
+    assert plain.x_val is None and held.x_val.shape[0] == 100
+    assert held.x_train.shape[0] == plain.x_train.shape[0] - 100
+    np.testing.assert_array_equal(held.x_test, plain.x_test)  # the test set is untouched
+    rows = {bytes(r) for r in plain.x_train.reshape(len(plain.x_train), -1)}
+    split = [bytes(r) for r in np.concatenate([held.x_train, held.x_val]).reshape(len(plain.x_train), -1)]
+    assert sorted(split) == sorted(bytes(r) for r in plain.x_train.reshape(len(plain.x_train), -1)) and len(rows) > 0
+    np.testing.assert_array_equal(again.x_val, held.x_val)
+    with pytest.raises(ConfigError, match="validation.*not below train_limit 50"):
+        DatasetConfig("digits", validation=50, train_limit=50)
+
+
+@pytest.mark.skipif(
+    data_mod._find_cache("fashion_mnist") is None,
+    reason="Fashion-MNIST is not installed: apt-get install dataset-fashion-mnist (Debian), or Keras's cache",
+)
+def test_the_real_fashion_mnist_has_its_published_sizes_and_classes():
+    d = data_mod.load(DatasetConfig("fashion_mnist", validation=6000))
+    assert (len(d.x_train), len(d.x_val), len(d.x_test)) == (54000, 6000, 10000)
+    assert np.bincount(d.y_test).tolist() == [1000] * 10
+    assert np.bincount(np.concatenate([d.y_train, d.y_val])).tolist() == [6000] * 10
+    assert 0.0 <= d.x_train.min() and d.x_train.max() == 1.0
+
+
+# -- the output layer and RigL's batch ----------------------------------------------------------------------
+
+
+def _run(method: MethodConfig, output_layer: str = "dense") -> RunConfig:
+    from experiments.config import TrainingConfig
+
+    return RunConfig(
+        implementation=ImplementationConfig("masked"), dataset=DatasetConfig("digits", validation=100),
+        model=ModelConfig("mlp", widths=(24,)), seed=3, training=TrainingConfig(epochs=1, batch_size=32),
+        sparsity=0.75, method=method, output_layer=output_layer,
+    )
+
+
+def test_output_layer_dense_keeps_every_output_weight_for_every_method(tmp_path):
+    from experiments.axes import RiglParams
+    from experiments.implementations import train_keras3
+
+    data_mod.load.cache_clear()
+    run = _run(MethodConfig("rigl", RiglParams(update_every=5, gradient_batch="current")))
+    out = train_keras3(run, data_mod.load(run.dataset), tmp_path, lambda line: None)
+    report = out["report"].set_index("layer")
+    assert report.loc["dense_1", "sparsity"] == 0.0 and report.loc["dense_0", "sparsity"] == 0.75
+    assert "val_accuracy" in out["final"] and 0.0 < out["final"]["val_accuracy"] <= 1.0
+    with pytest.raises(ConfigError, match="output_layer: unknown output_layer 'half' \\(valid: pruned, dense\\)"):
+        _run(MethodConfig("static"), output_layer="half")
+    with pytest.raises(ConfigError, match="dense runs prune no layer"):
+        RunConfig(ImplementationConfig("dense"), DatasetConfig("digits"), ModelConfig("lenet300"), 0, output_layer="dense")
+
+
+def test_current_batch_hands_the_gradient_the_examples_of_the_step_being_taken():
+    from experiments.train import current_batch, train
+
+    n, b = 40, 8
+    x = np.arange(n, dtype=np.float32).reshape(n, 1)
+    y = np.zeros(n, np.int32)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    cursor = current_batch(keras, b)
+    seen: list[np.ndarray] = []
+
+    class Probe(keras.callbacks.Callback):  # stands where DynamicSparsity stands: after the cursor
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(cursor()[0][:, 0].copy())
+
+    run = types.SimpleNamespace(seed=5, training=types.SimpleNamespace(epochs=2, batch_size=b))
+    data = types.SimpleNamespace(x_train=x, y_train=y, x_test=x[:8], y_test=y[:8])
+    train(model, data, run, keras, [cursor, Probe()], lambda line: None)
+    rng = np.random.default_rng([5, 99])  # train()'s data order
+    expected = [o[i : i + b].astype(np.float32) for o in (rng.permutation(n), rng.permutation(n)) for i in range(0, n, b)]
+    assert len(seen) == len(expected) == 10
+    for got, want in zip(seen, expected):
+        np.testing.assert_array_equal(got, want)
