@@ -24,10 +24,11 @@ pass on test images, every model timed once per round in a shuffled order,
 thread counts are fixed (``--threads``, inter-op 1) and written to the table.
 
     .venv/bin/python benchmarks/deployed_latency.py                 # times, writes the table and the figure
-    .venv/bin/python benchmarks/deployed_latency.py --figure-only   # redraws the figure from the table
+    .venv/bin/python benchmarks/deployed_latency.py --figure-only   # redraws the figures from the table
 
-Writes ``results/fmnist_lenet300/latency.csv`` and
-``results/fmnist_lenet300/figures/accuracy_vs_latency.{png,pdf}``.
+Writes ``results/fmnist_lenet300/latency.csv``, then redraws that sweep's
+figures (``python -m experiments figures``), which draw
+``accuracy_vs_latency.{png,pdf}`` from it.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--figure-only", action="store_true", help="redraw the figure from the committed table")
+    p.add_argument("--figure-only", action="store_true", help="redraw the figures from the committed table")
     p.add_argument("--results", default=str(RESULTS), help="results root holding the three sweeps")
     p.add_argument("--configs", default=str(ROOT / "experiments" / "configs"), help="folder of their sweep files")
     args = p.parse_args(argv)
@@ -208,16 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         table.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(table, index=False)
         print(f"wrote {table}; intra_op_threads={args.threads}, inter_op_threads=1")
-    df = pd.read_csv(table)
-    from experiments.plots.tradeoff import accuracy_vs_latency
-    from experiments.figures import render
+    from experiments.figures import draw_figures
 
-    out = Path(args.results) / STUDY / "figures"
-    out.mkdir(parents=True, exist_ok=True)
-    fig = accuracy_vs_latency(df)
-    for fmt in ("png", "pdf"):
-        (out / f"accuracy_vs_latency.{fmt}").write_bytes(render(fig, fmt))
-    print(f"wrote {out / 'accuracy_vs_latency.png'} and .pdf")
+    for path in draw_figures(STUDY, results_root=args.results):  # the sweep's figures, accuracy_vs_latency among them
+        print(f"wrote {path}")
     return 0
 
 

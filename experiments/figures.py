@@ -15,6 +15,9 @@ Reads only ``<results-root>/SWEEP/runs.csv`` and ``curves.csv``, plus
 5. ``accuracy_curves``: test accuracy per epoch at one sparsity (``--curve-sparsity``).
 6. ``layer_speedup_<n_in>x<n_out>_<mode>``: the layer benchmark's speed-up per
    kernel and batch size (only when the benchmark table exists).
+7. ``accuracy_vs_latency``: test accuracy against measured latency of the deployed
+   models (only when ``<results-root>/SWEEP/latency.csv`` exists, written by
+   ``benchmarks/deployed_latency.py``).
 
 and ``main_table.tex``: accuracy ± std and speed by implementation × sparsity
 (pandas ``to_latex``). A sweep with several (dataset, model) pairs gets one set
@@ -412,6 +415,11 @@ def draw_figures(
                 f"layer_speedup_{n_in}x{n_out}_{mode}",
                 lambda n_in=n_in, n_out=n_out, mode=mode: plotting.plot_layer_speedup(speed, n_in, n_out, mode),
             )
+
+    latency = Path(results_root) / sweep / "latency.csv"
+    if latency.is_file():  # benchmarks/deployed_latency.py's table: accuracy against measured latency
+        sub = runs
+        add("accuracy_vs_latency", lambda: plotting.accuracy_vs_latency(pd.read_csv(latency)))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

@@ -21,12 +21,13 @@ figures; this module keeps the names notebooks and tests import.
 
 from __future__ import annotations
 
-from experiments.plots import freezing, layer_speed, methods, paper, patterns
+from experiments.plots import freezing, layer_speed, methods, paper, patterns, tradeoff
 from experiments.plots.freezing import *  # noqa: F403
 from experiments.plots.layer_speed import *  # noqa: F403
 from experiments.plots.methods import *  # noqa: F403
 from experiments.plots.paper import *  # noqa: F403
 from experiments.plots.patterns import *  # noqa: F403
+from experiments.plots.tradeoff import *  # noqa: F403
 from experiments.plots.style import (
     IMPLEMENTATION_ORDER,
     OKABE_ITO,
@@ -45,4 +46,4 @@ _STYLE = [
     "STYLE_PATH", "OKABE_ITO", "IMPLEMENTATION_ORDER", "use_style", "style_for", "implementation_label", "tidy_runs",
     "aggregate", "crossover", "pareto_front", "sparsity_axis",
 ]
-__all__ = [*_STYLE, *paper.__all__, *layer_speed.__all__, *freezing.__all__, *patterns.__all__, *methods.__all__]
+__all__ = [*_STYLE, *paper.__all__, *layer_speed.__all__, *freezing.__all__, *patterns.__all__, *methods.__all__, *tradeoff.__all__]

@@ -8,6 +8,9 @@ on the per-seed differences). :func:`mean_ci` gives one cell's mean with its
 t interval. With 5 seeds the t quantile is 2.776, so an interval is about
 1.24 standard deviations of the seeds each side of the mean.
 
+Runs that share no initial weights (two architectures, e.g. a pruned
+LeNet-300-100 and a narrower dense one) are compared unpaired by :func:`welch`.
+
 A claim "A beats B by d points" holds here when the paired interval lies
 entirely above 0 (and "no difference" only says the interval contains 0).
 """
@@ -21,7 +24,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-__all__ = ["Interval", "Paired", "mean_ci", "paired", "paired_table", "CONFIDENCE"]
+__all__ = ["Interval", "Paired", "mean_ci", "paired", "paired_table", "welch", "CONFIDENCE"]
 
 CONFIDENCE = 0.95
 
@@ -141,3 +144,30 @@ def paired_table(
             rows.append({at: level, "diff": r.mean, "low": r.low, "high": r.high, "p_value": r.p_value,
                          "wins": r.wins, "ties": r.ties, "n": r.n})
     return pd.DataFrame(rows)
+
+
+def welch(a: Iterable[float], b: Iterable[float], confidence: float = CONFIDENCE) -> Paired:
+    """``mean(a) - mean(b)`` for unpaired samples: Welch's interval and t-test (unequal variances).
+
+    The interval uses the Welch-Satterthwaite degrees of freedom. ``wins`` and
+    ``ties`` are left at 0 (there are no pairs).
+
+    Raises:
+        ValueError: fewer than 2 values on a side, or values that are not finite.
+    """
+    x, y = (np.asarray(list(v), dtype=np.float64) for v in (a, b))
+    if x.size < 2 or y.size < 2:
+        raise ValueError(f"welch needs at least 2 values on each side, got {x.size} and {y.size}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("values must be finite")
+    vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    d = float(x.mean() - y.mean())
+    se = math.sqrt(vx + vy)
+    if se == 0.0:
+        return Paired(d, d, d, int(x.size + y.size), 1.0 if d == 0 else 0.0)
+    dof = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1))
+    half = _t_quantile(confidence, dof) * se
+    from scipy import stats
+
+    p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+    return Paired(d, d - half, d + half, int(x.size + y.size), p)

@@ -15,7 +15,7 @@ import pytest
 
 from experiments import data as data_mod
 from experiments.config import ConfigError, DatasetConfig, ImplementationConfig, MethodConfig, ModelConfig, RunConfig
-from experiments.stats import mean_ci, paired, paired_table
+from experiments.stats import mean_ci, paired, paired_table, welch
 
 # -- intervals: exact values on tiny inputs ------------------------------------------------------------------
 
@@ -56,6 +56,21 @@ def test_paired_table_one_row_per_sparsity():
     assert list(t["target_sparsity"]) == [0.9, 0.95]
     assert t["diff"].tolist() == pytest.approx([0.015, 0.005], abs=1e-12)
     assert t["wins"].tolist() == [2, 1]
+
+
+def test_welch_matches_its_formula_and_scipy():
+    from scipy import stats
+
+    a, b = [0.90, 0.91, 0.93], [0.88, 0.89, 0.885, 0.87]
+    r = welch(a, b)
+    va, vb = np.var(a, ddof=1) / 3, np.var(b, ddof=1) / 4
+    dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+    assert r.mean == pytest.approx(np.mean(a) - np.mean(b), abs=1e-15)
+    assert r.half_width == pytest.approx(stats.t.ppf(0.975, dof) * math.sqrt(va + vb), rel=1e-12)
+    assert r.p_value == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-12)
+    assert r.excludes(0.0)
+    with pytest.raises(ValueError, match="at least 2 values on each side, got 1 and 4"):
+        welch([0.9], b)
 
 
 # -- data -------------------------------------------------------------------------------------------------
