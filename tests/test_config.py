@@ -354,7 +354,9 @@ def test_sparse_tensor_takes_the_native_matmul() -> None:
         ImplementationConfig("masked", "native")
 
 
-@pytest.mark.parametrize("sweep", ["paper", "patterns", "methods", "speed"])
+@pytest.mark.parametrize(
+    "sweep", ["paper", "patterns", "methods", "speed", "fmnist_lenet300", "fmnist_lenet300_small_dense", "fmnist_lenet300_patterns"]
+)
 def test_every_committed_run_rehashes_to_its_folder(sweep):
     """Each committed run's recorded config, read by today's code, hashes to its folder and its recorded hash,
     and the sweep file, expanded today, names only committed folders (speed: a subset was run)."""
