@@ -61,9 +61,8 @@ def family_of(row: pd.Series) -> str:
     """The curve a run belongs to on the figure."""
     if row["implementation"] == "dense":
         return "dense" if row["model"] == "lenet300" else "small dense"
-    pattern = str(row["pattern"])
-    return {"unstructured": "unstructured", "block1x16": "block 1x16", "nm2:4": "2:4", "nm3:4": "3:4",
-            "channel": "channel"}.get(pattern.replace(" ", "").replace("-", "").lower(), pattern)
+    pattern = str(row["pattern"])  # the runner's labels: unstructured, block1x16, 2:4, 3:4, channel
+    return "block 1x16" if pattern == "block1x16" else pattern
 
 
 def _runs(results: Path) -> pd.DataFrame:
