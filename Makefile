@@ -45,7 +45,6 @@ figures: $(STAMP)
 	$(PY) -m experiments figures experiments/configs/patterns.toml
 	$(PY) -m experiments figures experiments/configs/methods.toml
 	$(PY) -m experiments figures experiments/configs/fmnist_lenet300.toml
-	$(PY) -m experiments figures experiments/configs/fmnist_lenet300_small_dense.toml
 	$(PY) -m experiments figures experiments/configs/fmnist_lenet300_patterns.toml
 
 # Execute the notebooks on the committed tables and save them with their outputs (the tests check a fresh run

@@ -40,7 +40,9 @@ NB01 = NOTEBOOKS / "01_compare_implementations.ipynb"
 NB02 = NOTEBOOKS / "02_sparse_kernels.ipynb"
 NB03 = NOTEBOOKS / "03_partial_freezing.ipynb"
 NB04 = NOTEBOOKS / "04_methods.ipynb"
-ALL = [NB01, NB02, NB03, NB04]
+NB05 = NOTEBOOKS / "05_fashion_mnist.ipynb"
+ALL = [NB01, NB02, NB03, NB04, NB05]
+STUDY = ["fmnist_lenet300", "fmnist_lenet300_small_dense", "fmnist_lenet300_patterns"]
 ROOT_LINE = 'RESULTS_ROOT = ROOT / "results"'
 SWEEP_LINE = 'SWEEP = "paper"'
 CHECK = "import sys; print(sys.executable)"
@@ -186,6 +188,32 @@ def test_04_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
         record_path.write_text(json.dumps(record))
     with pytest.raises(CellExecutionError, match="AssertionError"):
         run_notebook(NB04, results_root=root)
+
+
+def test_05_on_the_committed_fashion_mnist_study() -> None:
+    for sweep in STUDY:
+        assert (RESULTS / sweep / "runs.csv").is_file(), f"results/{sweep}/runs.csv is committed"
+    assert (RESULTS / "fmnist_lenet300" / "latency.csv").is_file(), "results/fmnist_lenet300/latency.csv is committed"
+    nb = run_notebook(NB05)
+    assert_reproduces_committed(NB05, nb)
+
+
+def test_05_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
+    """The dense model's validation accuracy made to climb 2 points in its last epoch: 'trained long enough' fails."""
+    import pandas as pd
+
+    root = tmp_path / "results"
+    for sweep in STUDY:
+        shutil.copytree(RESULTS / sweep, root / sweep, ignore=shutil.ignore_patterns("*.h5", "*.keras", "figures"))
+    curves_path = root / "fmnist_lenet300" / "curves.csv"
+    curves = pd.read_csv(curves_path, keep_default_na=False, dtype=str)
+    dense = pd.read_csv(root / "fmnist_lenet300" / "runs.csv", dtype=str).query("implementation == 'dense'")["run_id"]
+    last = curves["run_id"].isin(dense) & (curves["metric"] == "val_accuracy") & (curves["epoch"] == "16")
+    assert last.sum() == 5
+    curves.loc[last, "value"] = (curves.loc[last, "value"].astype(float) + 0.02).map(repr)
+    curves.to_csv(curves_path, index=False)
+    with pytest.raises(CellExecutionError, match=r"assert best - by_epoch.loc\[13:\].min\(\) < 0.6"):
+        run_notebook(NB05, results_root=root)
 
 
 def test_a_changed_output_is_told_from_the_committed_one() -> None:

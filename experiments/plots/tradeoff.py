@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter, NullFormatter
+from matplotlib.ticker import FormatStrFormatter
 
 from experiments.plots.style import ACC_LABEL, OKABE_ITO, PCT, use_style
 
@@ -51,10 +51,8 @@ def accuracy_vs_latency(table: pd.DataFrame) -> Figure:
                 err = np.nan_to_num(err, nan=0.0)
                 ax.errorbar(f["latency_ms"], y, yerr=err, color=color, marker=marker, linestyle=line,
                             markersize=4, capsize=2, linewidth=1, label=family)
-            ax.set_xscale("log")
             ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_xlabel(f"Latency at batch {batch} (ms, log)")
+            ax.set_xlabel(f"Latency at batch {batch} (ms)")
             ax.set_title(f"batch {batch}")
         axes[0].set_ylabel(ACC_LABEL)
         axes[-1].legend(fontsize=7, loc="lower right")
