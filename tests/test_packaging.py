@@ -82,7 +82,7 @@ def test_requirements_are_split_into_the_library_and_extras():
     extras = {k: _names(v) for k, v in cfg["options.extras_require"].items()}
     assert {"experiments", "tfmot", "dev"} <= set(extras)
     assert {"tensorflow-model-optimization", "tf-keras"} == extras["tfmot"]
-    assert {"matplotlib", "pillow", "dask", "scikit-learn", "mlxtend", "tqdm"} <= extras["experiments"]
+    assert {"matplotlib", "pillow", "dask", "scikit-learn", "scipy", "mlxtend", "tqdm"} <= extras["experiments"]
     # exact figure pins live in the constraints file only
     pins = [ln for ln in (ROOT / "constraints" / "figures.txt").read_text().splitlines() if "==" in ln.split("#")[0]]
     assert {p.split("==")[0] for p in pins} == {"matplotlib", "pillow"}
