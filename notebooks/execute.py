@@ -31,16 +31,27 @@ def execute(path: Path) -> nbformat.NotebookNode:
 
 def text_outputs(nb: nbformat.NotebookNode) -> list[list[str]]:
     """Per code cell, its text outputs (streams, plain-text results and errors) with addresses masked, and a
-    ``<image/png>`` marker per figure."""
+    ``<image/png>`` marker per figure.
+
+    Consecutive chunks of one stream are joined: the kernel sends a ``print`` as one message or as two
+    (the text, then its newline) depending on timing, so a loaded machine splits what a quiet one does not.
+    """
     out = []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         texts = []
+        stream = None  # the stream the last text came from, if it came from one
         for o in cell.outputs:
             if o.output_type == "stream":
-                texts.append(o.text)
-            elif o.output_type in ("execute_result", "display_data"):
+                if stream == o.name:
+                    texts[-1] += o.text
+                else:
+                    texts.append(o.text)
+                stream = o.name
+                continue
+            stream = None
+            if o.output_type in ("execute_result", "display_data"):
                 data = o.get("data", {})
                 texts.extend(f"<{kind}>" for kind in ("image/png", "image/svg+xml") if kind in data)
                 if "text/plain" in data and "image/png" not in data:

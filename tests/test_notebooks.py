@@ -215,6 +215,20 @@ def test_05_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
         run_notebook(NB05, results_root=root)
 
 
+def test_a_print_split_into_two_stream_messages_reads_as_one() -> None:
+    """Under load the kernel may send a print's text and its newline as two stream messages (seen once in make test)."""
+    whole = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('a')")])
+    split = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('a')")])
+    whole.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="table\nticket > reinit\n")]
+    split.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="table\nticket > reinit"),
+                              nbformat.v4.new_output("stream", name="stdout", text="\n")]
+    assert _text_outputs(whole) == _text_outputs(split) == [["table\nticket > reinit\n"]]
+    other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('a')")])
+    other.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="table\n"),
+                              nbformat.v4.new_output("stream", name="stderr", text="warning\n")]
+    assert _text_outputs(other) == [["table\n", "warning\n"]]  # two streams stay apart
+
+
 def test_a_changed_output_is_told_from_the_committed_one() -> None:
     """The comparison sees a changed number (and ignores only memory addresses)."""
     nb = nbformat.read(NB04, as_version=4)
