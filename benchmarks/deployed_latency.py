@@ -34,8 +34,8 @@ figures (``python -m experiments figures``), which draw
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -82,20 +82,27 @@ def _runs(results: Path) -> pd.DataFrame:
     return runs
 
 
+@functools.lru_cache(maxsize=None)
+def _sweep_runs(config: Path) -> dict:
+    """The runs of a sweep file by run id (expanded once per sweep, not once per timed model)."""
+    from experiments.config import load_sweep
+    from experiments.grid import expand
+
+    return {r.run_id: r for r in expand(load_sweep(config))}
+
+
 def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str):
     """The deployed Keras model of one run, rebuilt from its config and checkpoint."""
     import keras
 
     import prune
-    from experiments.config import load_sweep
     from experiments.data import load
-    from experiments.grid import expand
     from experiments.implementations import masked_model
     from experiments.models import seeded_model
     from experiments.train import steps_per_epoch
 
     folder = results / sweep / "runs" / run_id
-    run = {r.run_id: r for r in expand(load_sweep(configs / f"{sweep}.toml"))}[run_id]
+    run = _sweep_runs(configs / f"{sweep}.toml")[run_id]
     data = load(run.dataset)
     plain, _ = seeded_model(run, data, keras)
     if run.implementation.name == "dense":
@@ -134,7 +141,7 @@ def measure(args: argparse.Namespace) -> pd.DataFrame:
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.get_logger().setLevel("ERROR")
-    import prune
+    from experiments.provenance import cpu_model
     from experiments.stats import mean_ci
     from prune import native
 
@@ -175,19 +182,9 @@ def measure(args: argparse.Namespace) -> pd.DataFrame:
                 accuracy_high=c["accuracy_high"], seeds=c["seeds"],
                 intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads(),
                 inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads(),
-                cpu_model=_cpu_model(), native_vector=getattr(status, "vector", "") or "",
+                cpu_model=cpu_model(), native_vector=getattr(status, "vector", "") or "",
             ))
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -418,7 +418,6 @@ def draw_figures(
 
     latency = Path(results_root) / sweep / "latency.csv"
     if latency.is_file():  # benchmarks/deployed_latency.py's table: accuracy against measured latency
-        sub = runs
         add("accuracy_vs_latency", lambda: plotting.accuracy_vs_latency(pd.read_csv(latency)))
 
     out_dir.mkdir(parents=True, exist_ok=True)
