@@ -425,6 +425,7 @@ DATASETS.register(Dataset("cifar10", "experiments.data:load_keras_cached", keras
 MODELS.register(Model("lenet300", hidden=(300, 100)))
 MODELS.register(Model("lenet5", hidden=(120, 84), stem="experiments.models:lenet5_stem", needs_image=True, conv=True))
 MODELS.register(Model("mlp", hidden=None))
+MODELS.register(Model("cnn", hidden=None, stem="experiments.models:lenet5_stem", needs_image=True, conv=True))
 
 _KERAS3 = "experiments.implementations:"
 IMPLEMENTATIONS.register(Implementation("dense", _KERAS3 + "train_keras3", prunes=False))

@@ -184,8 +184,9 @@ class ModelConfig:
 
     Attributes:
         name: ``lenet300`` (input-300-100-classes MLP), ``lenet5`` (small CNN,
-            conv and dense layers pruned) or ``mlp``.
-        widths: Hidden widths of ``mlp`` (required there, not allowed elsewhere).
+            conv and dense layers pruned), ``mlp``, or ``cnn`` (lenet5's
+            convolutions with the hidden Dense widths given: a narrower lenet5).
+        widths: Hidden widths of ``mlp`` and ``cnn`` (required there, not allowed elsewhere).
     """
 
     SHORTHAND: ClassVar[str] = "name"  # a sweep file may write just the name

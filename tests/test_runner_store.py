@@ -72,6 +72,20 @@ def test_weight_report_matches_prune_sparsity_report():
     assert np.allclose(ours["sparsity"], 0.75, atol=0.01)
 
 
+def test_cnn_is_lenet5_with_the_dense_widths_given():
+    """``cnn`` (the small-dense baseline of a conv study) keeps lenet5's convolutions and narrows its Dense layers."""
+    lenet5 = build(ModelConfig("lenet5"), (28, 28, 1), 10, keras)
+    same = build(ModelConfig("cnn", (120, 84)), (28, 28, 1), 10, keras)
+    narrow = build(ModelConfig("cnn", (11, 8)), (28, 28, 1), 10, keras)
+    shapes = lambda m: [tuple(w.shape) for w in m.get_weights()]  # noqa: E731
+    assert shapes(same) == shapes(lenet5)
+    assert shapes(narrow)[:4] == shapes(lenet5)[:4]  # the two convolutions
+    assert shapes(narrow)[4::2] == [(784, 11), (11, 8), (8, 10)]
+    assert ModelConfig("cnn", (11, 8)).label == "cnn-11-8"
+    with pytest.raises(ValueError, match="widths"):
+        ModelConfig("cnn")
+
+
 def test_layer_sparsity_is_a_tidy_long_table_beside_runs_csv_and_rebuilt_when_damaged(tmp_path):
     """layer_sparsity.csv has one row per run and weight (not JSON in a cell); it is derived, so open() rebuilds it."""
     from experiments.store import LAYER_COLUMNS, layer_rows
