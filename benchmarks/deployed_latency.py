@@ -5,16 +5,21 @@ the same number of weights. A user deploys at a latency, not a size, so this
 script times the trained models of the Fashion-MNIST study as they would be
 deployed and puts them on one figure with their test accuracy:
 
-* ``unstructured`` (GMP, ``fmnist_lenet300``), ``block 1x16``, ``2:4``, ``3:4``
+* ``unstructured`` (GMP, ``fmnist_<model>``), ``block 1x16``, ``2:4``, ``3:4``
   (``fmnist_lenet300_patterns``): the masked model converted by
   ``prune.convert(to="sparse", matmul="auto")`` to ``SparseDense`` layers, which
   pick their kernel (native general or block kernels, or a dense product) by
-  the cost model; the output layer stays a plain ``Dense``.
+  the cost model; the output layer stays a plain ``Dense``. Convolutions
+  (LeNet-5's) are stripped to plain ``Conv2D`` layers with their zeros.
 * ``channel`` (``fmnist_lenet300_patterns``): ``prune.shrink`` of the stripped
   model, a plain Dense model with the pruned units removed.
-* ``small dense`` (``fmnist_lenet300_small_dense``): LeNet-300-100's shape
-  made narrower to the pruned model's weight counts.
-* ``dense``: LeNet-300-100 itself.
+* ``small dense`` (``fmnist_<model>_small_dense``): the model's shape made
+  narrower to the pruned model's weight counts.
+* ``dense``: the model itself.
+
+``--study lenet300`` (the default) times LeNet-300-100's three sweeps;
+``--study lenet5`` LeNet-5's two (it has no patterns sweep: block patterns need
+2-D weights, and the study's budget went to the methods).
 
 Latency is timed on the seed-0 run of each cell (the deployed structure is
 the same shape for every seed; the accuracy is the mean over seeds with its
@@ -24,9 +29,10 @@ pass on test images, every model timed once per round in a shuffled order,
 thread counts are fixed (``--threads``, inter-op 1) and written to the table.
 
     .venv/bin/python benchmarks/deployed_latency.py                 # times, writes the table and the figure
+    .venv/bin/python benchmarks/deployed_latency.py --study lenet5  # LeNet-5's sweeps
     .venv/bin/python benchmarks/deployed_latency.py --figure-only   # redraws the figures from the table
 
-Writes ``results/fmnist_lenet300/latency.csv``, then redraws that sweep's
+Writes ``results/fmnist_<model>/latency.csv``, then redraws that sweep's
 figures (``python -m experiments figures``), which draw
 ``accuracy_vs_latency.{png,pdf}`` from it.
 """
@@ -49,27 +55,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "results"
-STUDY = "fmnist_lenet300"
-SWEEPS = {"methods": STUDY, "patterns": "fmnist_lenet300_patterns", "small": "fmnist_lenet300_small_dense"}
+STUDIES = {
+    "lenet300": {"methods": "fmnist_lenet300", "patterns": "fmnist_lenet300_patterns", "small": "fmnist_lenet300_small_dense"},
+    "lenet5": {"methods": "fmnist_lenet5", "small": "fmnist_lenet5_small_dense"},
+}
+"""Each study's sweeps by role; ``methods`` names the study's folder, where ``latency.csv`` goes."""
 BATCHES = (1, 256)
 COLUMNS = ["family", "target_sparsity", "run_id", "weights", "batch", "latency_ms", "rounds", "reps", "kernel",
            "accuracy", "accuracy_low", "accuracy_high", "seeds", "intra_op_threads", "inter_op_threads", "cpu_model",
            "native_vector"]
 
 
-def family_of(row: pd.Series) -> str:
-    """The curve a run belongs to on the figure."""
+def family_of(row: pd.Series, model: str = "lenet300") -> str:
+    """The curve a run belongs to on the figure (``model``: the study's full-size model)."""
     if row["implementation"] == "dense":
-        return "dense" if row["model"] == "lenet300" else "small dense"
+        return "dense" if row["model"] == model else "small dense"
     pattern = str(row["pattern"])  # the runner's labels: unstructured, block1x16, 2:4, 3:4, channel
     return "block 1x16" if pattern == "block1x16" else pattern
 
 
-def _runs(results: Path) -> pd.DataFrame:
+def _runs(results: Path, study: str) -> pd.DataFrame:
     from experiments.figures import read_tables
 
     parts = []
-    for key, sweep in SWEEPS.items():
+    for key, sweep in STUDIES[study].items():
         runs, _ = read_tables(results / sweep)
         runs = runs[runs["status"] == "ok"].copy()
         if key == "methods":  # GMP is the unstructured curve; the other methods are not deployed differently
@@ -77,7 +86,7 @@ def _runs(results: Path) -> pd.DataFrame:
         runs["sweep"] = sweep
         parts.append(runs)
     runs = pd.concat(parts, ignore_index=True)
-    runs["family"] = runs.apply(family_of, axis=1)
+    runs["family"] = runs.apply(family_of, axis=1, model=study)
     runs["cell"] = np.where(runs["family"] == "small dense", runs["model"], runs["target_sparsity"].astype(str))
     return runs
 
@@ -112,7 +121,29 @@ def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str):
     masked.load_weights(str(folder / "checkpoint.weights.h5"))
     if family == "channel":
         return prune.shrink(prune.strip_pruning(masked)), data
-    return prune.convert(masked, to="sparse", matmul="auto"), data
+    return _sparse_deployed(masked, keras), data
+
+
+def _sparse_deployed(masked, keras):
+    """``SparseDense`` for the pruned Dense layers (``prune.convert``), plain layers for the rest
+    (``prune.strip_pruning``): the dense output layer stays a ``Dense`` (``convert`` alone would make every
+    fully connected layer a ``SparseDense``), and convolutions run as ``Conv2D`` with their zeros, not as
+    masked layers multiplying their masks."""
+    import warnings
+
+    import prune
+    from prune.layers.sparse import SparseDense
+
+    pruned = {layer.name for layer in prune.prunable_layers(masked)}
+    with warnings.catch_warnings():  # convert names the convolutions it leaves; they are stripped here
+        warnings.simplefilter("ignore", prune.ConversionWarning)
+        sparse = prune.convert(masked, to="sparse", matmul="auto")
+    plain = prune.strip_pruning(masked)
+    layers = [
+        s if isinstance(s, SparseDense) and s.name in pruned else p
+        for s, p in zip(sparse.layers, plain.layers, strict=True)
+    ]
+    return keras.Sequential([keras.Input(shape=masked.input_shape[1:]), *layers], name=masked.name)
 
 
 def _weights(model) -> int:
@@ -146,7 +177,7 @@ def measure(args: argparse.Namespace) -> pd.DataFrame:
     from prune import native
 
     results, configs = Path(args.results), Path(args.configs)
-    runs = _runs(results)
+    runs = _runs(results, args.study)
     cells = []
     for (family, cell), group in runs.groupby(["family", "cell"]):
         first = group.sort_values("seed").iloc[0]
@@ -192,14 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--study", choices=sorted(STUDIES), default="lenet300", help="the model whose sweeps are timed")
     p.add_argument("--figure-only", action="store_true", help="redraw the figures from the committed table")
-    p.add_argument("--results", default=str(RESULTS), help="results root holding the three sweeps")
+    p.add_argument("--results", default=str(RESULTS), help="results root holding the study's sweeps")
     p.add_argument("--configs", default=str(ROOT / "experiments" / "configs"), help="folder of their sweep files")
     args = p.parse_args(argv)
     for name in ("rounds", "reps", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    table = Path(args.results) / STUDY / "latency.csv"
+    study = STUDIES[args.study]["methods"]
+    table = Path(args.results) / study / "latency.csv"
     if not args.figure_only:
         df = measure(args)
         table.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {table}; intra_op_threads={args.threads}, inter_op_threads=1")
     from experiments.figures import draw_figures
 
-    for path in draw_figures(STUDY, results_root=args.results):  # the sweep's figures, accuracy_vs_latency among them
+    for path in draw_figures(study, results_root=args.results):  # the sweep's figures, accuracy_vs_latency among them
         print(f"wrote {path}")
     return 0
 

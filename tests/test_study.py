@@ -195,3 +195,36 @@ def test_current_batch_hands_the_gradient_the_examples_of_the_step_being_taken()
     assert len(seen) == len(expected) == 10
     for got, want in zip(seen, expected):
         np.testing.assert_array_equal(got, want)
+
+
+def test_deployed_sparse_form_is_sparse_only_where_pruned_and_computes_the_same_function():
+    """benchmarks/deployed_latency times pruned Dense layers as SparseDense, the dense output layer as Dense and
+    convolutions as plain Conv2D with their zeros; outputs equal the masked model's."""
+    import sys
+
+    import prune
+    from prune.layers.sparse import SparseDense
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import deployed_latency
+
+    plain = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(4, 3, padding="same", name="conv_0"),
+        keras.layers.Flatten(name="flatten"),
+        keras.layers.Dense(12, activation="relu", name="dense_0"),
+        keras.layers.Dense(5, activation="softmax", name="dense_1"),
+    ])
+    masked = prune.prune_low_magnitude(
+        plain, prune.ConstantSparsity(0.75, 0), pruning_policy=prune.KeepDense(["dense_1"]), seed=0
+    )
+    prune.update_masks(masked, 0)
+    deployed = deployed_latency._sparse_deployed(masked, keras)
+    kinds = [type(layer).__name__ for layer in deployed.layers]
+    assert kinds == ["Conv2D", "Flatten", "SparseDense", "Dense"]
+    conv = deployed.layers[0]
+    assert float(np.mean(np.asarray(conv.kernel) == 0.0)) == 0.75  # 27 of 36 conv weights are the stored zeros
+    assert isinstance(deployed.layers[2], SparseDense) and deployed_latency._kernel(deployed) == "SparseDense auto"
+    assert deployed_latency._weights(deployed) == 9 + 768 + 60  # conv 36/4, dense_0 3,072/4, dense_1 all 60
+    x = np.random.default_rng(0).standard_normal((3, 8, 8, 1)).astype("float32")
+    np.testing.assert_allclose(np.asarray(deployed(x)), np.asarray(masked(x)), rtol=1e-5, atol=1e-6)
