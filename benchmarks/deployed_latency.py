@@ -6,20 +6,20 @@ script times the trained models of the Fashion-MNIST study as they would be
 deployed and puts them on one figure with their test accuracy:
 
 * ``unstructured`` (GMP, ``fmnist_<model>``), ``block 1x16``, ``2:4``, ``3:4``
-  (``fmnist_lenet300_patterns``): the masked model converted by
+  (``fmnist_<model>_patterns``): the masked model converted by
   ``prune.convert(to="sparse", matmul="auto")`` to ``SparseDense`` layers, which
   pick their kernel (native general or block kernels, or a dense product) by
   the cost model; the output layer stays a plain ``Dense``. Convolutions
   (LeNet-5's) are stripped to plain ``Conv2D`` layers with their zeros.
-* ``channel`` (``fmnist_lenet300_patterns``): ``prune.shrink`` of the stripped
-  model, a plain Dense model with the pruned units removed.
+* ``channel`` (``fmnist_<model>_patterns``): ``prune.shrink`` of the stripped
+  model, a plain model with the pruned units and filters removed.
 * ``small dense`` (``fmnist_<model>_small_dense``): the model's shape made
   narrower to the pruned model's weight counts.
 * ``dense``: the model itself.
 
 ``--study lenet300`` (the default) times LeNet-300-100's three sweeps;
-``--study lenet5`` LeNet-5's two (it has no patterns sweep: block patterns need
-2-D weights, and the study's budget went to the methods).
+``--study lenet5`` LeNet-5's three (its patterns sweep has 2:4 and channels:
+block patterns need 2-D weights).
 
 Latency is timed on the seed-0 run of each cell (the deployed structure is
 the same shape for every seed; the accuracy is the mean over seeds with its
@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "results"
 STUDIES = {
     "lenet300": {"methods": "fmnist_lenet300", "patterns": "fmnist_lenet300_patterns", "small": "fmnist_lenet300_small_dense"},
-    "lenet5": {"methods": "fmnist_lenet5", "small": "fmnist_lenet5_small_dense"},
+    "lenet5": {"methods": "fmnist_lenet5", "patterns": "fmnist_lenet5_patterns", "small": "fmnist_lenet5_small_dense"},
 }
 """Each study's sweeps by role; ``methods`` names the study's folder, where ``latency.csv`` goes."""
 BATCHES = (1, 256)
