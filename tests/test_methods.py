@@ -351,3 +351,16 @@ def test_methods_figures_from_a_tiny_sweep_are_byte_identical(tmp_path):
     expected = (log.groupby("step")["dropped"].sum() / log.groupby("step")["live"].sum() * 100).to_numpy()
     updates = log.assign(run_id=set_id, method="set", target=0.75)
     np.testing.assert_allclose(plotting.plot_mask_changes(updates).axes[0].lines[0].get_ydata(), expected)
+
+
+def test_a_sweep_gets_the_method_figures_when_methods_vary_or_its_one_method_is_not_gmp():
+    """An IMP-only sweep (fmnist_lenet300_imp) draws its levels, not the single-method GMP figures and layer speed-ups."""
+    from experiments import plotting
+
+    def runs(*methods):
+        return pd.DataFrame({"implementation": ["dense", *["masked"] * len(methods)], "method": ["", *methods]})
+
+    assert plotting.varies_method(runs("gmp", "set"))
+    assert plotting.varies_method(runs("imp", "imp"))
+    assert not plotting.varies_method(runs("gmp", "gmp"))
+    assert not plotting.varies_method(pd.DataFrame({"implementation": ["masked"]}))  # a table from before the axis

@@ -61,10 +61,12 @@ def _method_rank(name: str) -> tuple[int, str]:
 
 
 def varies_method(runs: pd.DataFrame) -> bool:
-    """Whether the sparse runs of ``runs`` differ in method (a sweep over the method axis)."""
+    """Whether ``runs`` get the method figures: their sparse runs differ in method (a sweep over the method
+    axis), or use one method other than ``gmp`` (an IMP-only sweep: its figures are its levels)."""
     if "method" not in runs.columns:
         return False
-    return runs.loc[runs["implementation"].astype(str) != "dense", "method"].nunique() > 1
+    methods = runs.loc[runs["implementation"].astype(str) != "dense", "method"].astype(str)
+    return methods.nunique() > 1 or bool((methods != "gmp").any())
 
 
 def imp_ticket_points(runs: pd.DataFrame, levels: pd.DataFrame, tolerance: float = 0.005) -> pd.DataFrame:
