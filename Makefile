@@ -46,6 +46,9 @@ figures: $(STAMP)
 	$(PY) -m experiments figures experiments/configs/methods.toml
 	$(PY) -m experiments figures experiments/configs/fmnist_lenet300.toml
 	$(PY) -m experiments figures experiments/configs/fmnist_lenet300_patterns.toml
+	$(PY) -m experiments figures experiments/configs/fmnist_lenet300_imp.toml
+	$(PY) -m experiments figures experiments/configs/fmnist_lenet5.toml
+	$(PY) -m experiments figures experiments/configs/fmnist_lenet5_patterns.toml
 
 # Execute the notebooks on the committed tables and save them with their outputs (the tests check a fresh run
 # gives the same text outputs and figures).

@@ -42,7 +42,8 @@ NB03 = NOTEBOOKS / "03_partial_freezing.ipynb"
 NB04 = NOTEBOOKS / "04_methods.ipynb"
 NB05 = NOTEBOOKS / "05_fashion_mnist.ipynb"
 ALL = [NB01, NB02, NB03, NB04, NB05]
-STUDY = ["fmnist_lenet300", "fmnist_lenet300_small_dense", "fmnist_lenet300_patterns"]
+STUDY = ["fmnist_lenet300", "fmnist_lenet300_small_dense", "fmnist_lenet300_patterns", "fmnist_lenet300_imp", "fmnist_lenet5",
+         "fmnist_lenet5_small_dense", "fmnist_lenet5_patterns"]
 ROOT_LINE = 'RESULTS_ROOT = ROOT / "results"'
 SWEEP_LINE = 'SWEEP = "paper"'
 CHECK = "import sys; print(sys.executable)"
@@ -193,7 +194,8 @@ def test_04_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
 def test_05_on_the_committed_fashion_mnist_study() -> None:
     for sweep in STUDY:
         assert (RESULTS / sweep / "runs.csv").is_file(), f"results/{sweep}/runs.csv is committed"
-    assert (RESULTS / "fmnist_lenet300" / "latency.csv").is_file(), "results/fmnist_lenet300/latency.csv is committed"
+    for study in ("fmnist_lenet300", "fmnist_lenet5"):
+        assert (RESULTS / study / "latency.csv").is_file(), f"results/{study}/latency.csv is committed"
     nb = run_notebook(NB05)
     assert_reproduces_committed(NB05, nb)
 
@@ -204,14 +206,15 @@ def test_05_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
 
     root = tmp_path / "results"
     for sweep in STUDY:
-        shutil.copytree(RESULTS / sweep, root / sweep, ignore=shutil.ignore_patterns("*.h5", "*.keras", "figures"))
+        shutil.copytree(RESULTS / sweep, root / sweep, ignore=shutil.ignore_patterns("*.h5", "*.keras", "*.npz", "figures"))
     path = root / "fmnist_lenet300" / "latency.csv"
     latency = pd.read_csv(path)
     cell = (latency["family"] == "unstructured") & (latency["target_sparsity"] == 0.95) & (latency["batch"] == 256)
     assert cell.sum() == 1
     latency.loc[cell, "latency_ms"] = 1.2
     latency.to_csv(path, index=False)
-    with pytest.raises(CellExecutionError, match=r"assert \[round\(v, 1\) for v in match\[\"gap\"\]\] == \[1.3, 1.0\]"):
+    # the 67-22 model (0.93 ms) is then matched only by the 98% model, whose Welch interval includes 0
+    with pytest.raises(CellExecutionError, match=r"AssertionError(\x1b\[\d+m)*: mlp-67-22"):
         run_notebook(NB05, results_root=root)
 
 
