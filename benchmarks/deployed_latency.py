@@ -21,7 +21,9 @@ deployed and puts them on one figure with their test accuracy:
 * ``dense``: the model itself.
 
 ``--study lenet300`` (the default) times LeNet-300-100's three sweeps;
-``--study lenet5`` LeNet-5's three (its patterns sweep has 2:4 and channels:
+``--study lenet5`` LeNet-5's five (GMP at 90 % in ``fmnist_lenet5``, at 50-98 % in
+``fmnist_lenet5_gmp``; small dense models in ``fmnist_lenet5_small_dense`` and
+``fmnist_lenet5_small_dense_sizes``; its patterns sweep has 2:4 and channels:
 block patterns need 2-D weights).
 
 Latency is timed on the seed-0 run of each cell (the deployed structure is
@@ -60,9 +62,11 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "results"
 STUDIES = {
     "lenet300": {"methods": "fmnist_lenet300", "patterns": "fmnist_lenet300_patterns", "small": "fmnist_lenet300_small_dense"},
-    "lenet5": {"methods": "fmnist_lenet5", "patterns": "fmnist_lenet5_patterns", "small": "fmnist_lenet5_small_dense"},
+    "lenet5": {"methods": "fmnist_lenet5", "gmp": "fmnist_lenet5_gmp", "patterns": "fmnist_lenet5_patterns",
+               "small": "fmnist_lenet5_small_dense", "small_sizes": "fmnist_lenet5_small_dense_sizes"},
 }
-"""Each study's sweeps by role; ``methods`` names the study's folder, where ``latency.csv`` goes."""
+"""Each study's sweeps by role; ``methods`` names the study's folder, where ``latency.csv`` goes. LeNet-5's
+methods sweep has one sparsity (90 %); ``gmp`` and ``small_sizes`` add the others."""
 BATCHES = (1, 256)
 COLUMNS = ["family", "target_sparsity", "run_id", "weights", "batch", "latency_ms", "rounds", "reps", "kernel",
            "accuracy", "accuracy_low", "accuracy_high", "seeds", "intra_op_threads", "inter_op_threads", "cpu_model",
