@@ -149,6 +149,18 @@ def test_native_op_rejects_a_corrupt_structure():
     for batch in (tiled, 300):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 300), np.float32), np.ones(300, np.float32), long, n_in=300, n_out=1)
+    negative = good.copy()
+    negative[3] = -1  # checked as unsigned: a negative column is out of range too
+    for batch, transpose in ((1, False), (1, True), (tiled, True)):  # the paths that read W's rows
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
+            lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), negative, n_in=2, n_out=2,
+                           transpose=transpose)
+    for batch in (1, tiled):  # the values gradient walks W's rows
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
+            lib.prune_sddmm(np.ones((batch, 2), np.float32), np.ones((batch, 2), np.float32), np.ones(2, np.float32),
+                            bad, n_in=2, n_out=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):  # batch 1's row gather (profile 5)
+        lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(2, np.float32), bad_perm, n_in=2, n_out=2, profile=5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="structure must have"):
         lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(3, np.float32), good, n_in=2, n_out=2)
 
