@@ -357,7 +357,8 @@ def test_sparse_tensor_takes_the_native_matmul() -> None:
 @pytest.mark.parametrize(
     "sweep",
     ["paper", "patterns", "methods", "speed", "fmnist_lenet300", "fmnist_lenet300_small_dense", "fmnist_lenet300_patterns",
-     "fmnist_lenet300_imp", "fmnist_lenet5", "fmnist_lenet5_small_dense", "fmnist_lenet5_patterns"],
+     "fmnist_lenet300_imp", "fmnist_lenet5", "fmnist_lenet5_small_dense", "fmnist_lenet5_patterns",
+     "fmnist_lenet5_gmp", "fmnist_lenet5_small_dense_sizes"],
 )
 def test_every_committed_run_rehashes_to_its_folder(sweep):
     """Each committed run's recorded config, read by today's code, hashes to its folder and its recorded hash,

@@ -43,7 +43,7 @@ NB04 = NOTEBOOKS / "04_methods.ipynb"
 NB05 = NOTEBOOKS / "05_fashion_mnist.ipynb"
 ALL = [NB01, NB02, NB03, NB04, NB05]
 STUDY = ["fmnist_lenet300", "fmnist_lenet300_small_dense", "fmnist_lenet300_patterns", "fmnist_lenet300_imp", "fmnist_lenet5",
-         "fmnist_lenet5_small_dense", "fmnist_lenet5_patterns"]
+         "fmnist_lenet5_small_dense", "fmnist_lenet5_patterns", "fmnist_lenet5_gmp", "fmnist_lenet5_small_dense_sizes"]
 ROOT_LINE = 'RESULTS_ROOT = ROOT / "results"'
 SWEEP_LINE = 'SWEEP = "paper"'
 CHECK = "import sys; print(sys.executable)"
