@@ -14,7 +14,8 @@
 //       transpose = false: y = x @ W    (x [batch, n_in],  y [batch, n_out])
 //       transpose = true:  y = x @ W^T  (x [batch, n_out], y [batch, n_in]), the input gradient
 //       profile (benchmark only, benchmarks/csr_overhead.py; 0 = normal): 1 returns after
-//       the checks and the output allocation, y unwritten; 2 (forward, more tiles than
+//       the checks and the output allocation, y unwritten (forward with more tiles than threads
+//       checks in its value gather, after this); 2 (forward, more tiles than
 //       threads) returns after gathering the values into W^T order; 3 skips the
 //       multiply-adds of the tiled paths (transposes and write-back only, y garbage); 4
 //       ignores a block section (the general kernels on a blocked structure); 5 runs batch 1
@@ -557,12 +558,19 @@ inline bool AllBelow(const int32_t* p, int64_t n, int64_t lim) {
 }
 
 // Checks the arrays of m that a general kernel reads: columns (< m.n_cols) and, when
-// perm is set, the permutation (< nnz).
-Status CheckEntries(const Csr& m, int64_t nnz, const char* what) {
-  if (!AllBelow(m.cols, nnz, m.n_cols))
-    return errors::InvalidArgument("structure holds an out-of-range column in ", what);
-  if (m.perm != nullptr && !AllBelow(m.perm, nnz, nnz))
-    return errors::InvalidArgument("structure holds an out-of-range permutation entry in ", what);
+// perm is set, the permutation (< nnz); split over the pool from 2^18 entries (a
+// 4096x4096 layer at 90% has 1.7M: ~13 MB to read for both arrays).
+Status CheckEntries(OpKernelContext* ctx, const Csr& m, int64_t nnz, const char* what) {
+  const int64_t units = std::min<int64_t>(NumThreads(ctx), std::max<int64_t>(1, nnz >> 18));
+  const int64_t per = (nnz + units - 1) / units;
+  std::atomic<bool> bad_col{false}, bad_perm{false};
+  Parallel(ctx, units, [&](int64_t u) {
+    const int64_t k0 = std::min(nnz, u * per), n = std::min(nnz, k0 + per) - k0;
+    if (!AllBelow(m.cols + k0, n, m.n_cols)) bad_col = true;
+    if (m.perm != nullptr && !AllBelow(m.perm + k0, n, nnz)) bad_perm = true;
+  });
+  if (bad_col) return errors::InvalidArgument("structure holds an out-of-range column in ", what);
+  if (bad_perm) return errors::InvalidArgument("structure holds an out-of-range permutation entry in ", what);
   return OkStatus();
 }
 
@@ -631,8 +639,9 @@ class PruneSpmmOp : public OpKernel {
     else if ((batch + tile_rows - 1) / tile_rows <= NumThreads(ctx)) path = kTiledPerm;
     else path = kTiledGathered;
     // The general kernels index with the structure unchecked: check the arrays this path reads.
-    if (path == kInputGrad || path == kScatter) OP_REQUIRES_OK(ctx, CheckEntries(w, nnz, "W's rows"));
-    else if (path != kBlocks) OP_REQUIRES_OK(ctx, CheckEntries(wt, nnz, "W^T's rows"));
+    if (path == kInputGrad || path == kScatter) OP_REQUIRES_OK(ctx, CheckEntries(ctx, w, nnz, "W's rows"));
+    else if (path == kRowGather || path == kTiledPerm) OP_REQUIRES_OK(ctx, CheckEntries(ctx, wt, nnz, "W^T's rows"));
+    // kTiledGathered checks W^T's columns and permutation in its gather pass, before the tiles.
     if (profile_ == 1) return;  // benchmark only: the checks and the output allocation (y left unwritten)
     Error err;  // the block kernels check their structure as they go
     switch (path) {
@@ -664,15 +673,28 @@ class PruneSpmmOp : public OpKernel {
         float* tv = Scratch(2, nnz);
         const int64_t units = std::min<int64_t>(NumThreads(ctx), (nnz + 32767) / 32768);
         const int64_t per = (nnz + units - 1) / units;
+        std::atomic<bool> gather_bad{false};
         Parallel(ctx, units, [&](int64_t u) {
           // Pointers in locals: read through the closure, they were reloaded after every
           // store to tv, which chained each (mostly L2-missing) value load to the previous
           // one: 29% of the op's cycles at 4096x4096, 90%, batch 256.
+          // The columns and permutation are checked here (branch-free, clamped reads), not
+          // in a pass of their own: at 4096x4096 that pass re-read 13 MB per call.
           const int32_t* __restrict perm = wt.perm;
+          const int32_t* __restrict cols = wt.cols;
           const float* __restrict src = values;
           float* __restrict dst = tv;
-          for (int64_t k = u * per, e = std::min(nnz, (u + 1) * per); k < e; ++k) dst[k] = src[static_cast<uint32_t>(perm[k])];
+          const uint32_t lim = static_cast<uint32_t>(nnz), col_lim = static_cast<uint32_t>(n_in_);
+          uint32_t bad = 0;
+          for (int64_t k = u * per, e = std::min(nnz, (u + 1) * per); k < e; ++k) {
+            const uint32_t p = static_cast<uint32_t>(perm[k]);
+            bad |= (p >= lim) | (static_cast<uint32_t>(cols[k]) >= col_lim);
+            dst[k] = src[p < lim ? p : 0];
+          }
+          if (bad) gather_bad = true;
         });
+        OP_REQUIRES(ctx, !gather_bad, errors::InvalidArgument("structure holds an out-of-range column or permutation "
+                                                              "entry in W^T's rows"));
         if (profile_ != 2) TiledGather<false>(ctx, x, batch, wt, tv, y, profile_ != 3);
         break;
       }
@@ -734,7 +756,7 @@ class PruneSddmmOp : public OpKernel {
     const int64_t units = std::min<int64_t>(2 * threads, std::max<int64_t>(1, nnz / 4096));
     const std::vector<int64_t> bounds = SplitRows(w.rp, n_in, units);
     const bool blocked = UseBlocks(blocks, batch);
-    if (!blocked) OP_REQUIRES_OK(ctx, CheckEntries(w, nnz, "W's rows"));  // the loops below index unchecked
+    if (!blocked) OP_REQUIRES_OK(ctx, CheckEntries(ctx, w, nnz, "W's rows"));  // the loops below index unchecked
 
     if (blocked) {
       PRUNE_BLOCK_DISPATCH(blocks.c, BlockValuesGrad, ctx, x, dy, batch, blocks, nnz, dv, &err)
