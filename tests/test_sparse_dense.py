@@ -55,6 +55,20 @@ def test_forward_and_gradient_match_masked_dense(sparsity, matmul):
     assert sparse.nnz == int(mask.sum())
 
 
+@pytest.mark.parametrize("matmul", MATMULS)
+def test_rank2_input_with_and_without_a_static_feature_dim(matmul):
+    # [batch, n_in] skips the reshapes; a rank-2 input whose n_in is unknown at trace time takes them.
+    w, mask = _weights(33, 17, 0.8)
+    sparse = SparseDense.from_dense(w, mask, matmul=matmul, bias=np.linspace(-1, 1, 17).astype(np.float32))
+    x = np.random.default_rng(2).standard_normal((5, 33)).astype(np.float32)
+    want = x @ (w * mask) + sparse.bias.numpy()
+    for spec in (tf.TensorSpec([None, 33], tf.float32), tf.TensorSpec([None, None], tf.float32)):
+        fn = tf.function(lambda t: sparse(t), input_signature=[spec])
+        y = fn(tf.constant(x))
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+        assert fn.get_concrete_function().outputs[0].shape.as_list()[-1] == 17
+
+
 def test_from_dense_tiny_exact():
     w = np.array([[0.0, 2.0], [3.0, 4.0]], np.float32)
     layer = SparseDense.from_dense(w, [[1, 1], [0, 1]], use_bias=False)

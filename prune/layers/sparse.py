@@ -329,7 +329,8 @@ class SparseDense(keras.layers.Layer):
         x = tf.convert_to_tensor(inputs)
         if x.dtype != self.values.dtype:
             x = tf.cast(x, self.values.dtype)
-        rank2 = x.shape.rank == 2  # the common case: no reshapes around the product (5 fewer graph ops)
+        # The common case, [batch, n_in] with n_in static: no reshapes around the product (5 fewer graph ops).
+        rank2 = x.shape.rank == 2 and x.shape[-1] == self.dense_shape[0]
         shape = None if rank2 else tf.shape(x)
         flat = x if rank2 else tf.reshape(x, [-1, self.dense_shape[0]])
         y = kernels.sparse_matmul(

@@ -199,7 +199,7 @@ inline void Transpose8(const float* src, int64_t src_stride, float* dst, int64_t
 }
 
 // The value of the k-th entry of m: vals[k], or vals[perm[k]] when kPerm (perm range-checked
-// by the op before any kernel runs: CheckedPaths).
+// by the op before any kernel runs: CheckEntries).
 template <bool kPerm>
 inline float Value(const Csr& m, const float* vals, int64_t k) {
   return kPerm ? vals[static_cast<uint32_t>(m.perm[k])] : vals[k];
