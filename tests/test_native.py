@@ -149,6 +149,13 @@ def test_native_op_rejects_a_corrupt_structure():
     for batch in (tiled, 300):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 300), np.float32), np.ones(300, np.float32), long, n_in=300, n_out=1)
+    # one W row of 300 entries at every other column (no 1 x C tiles, so no block section)
+    wide = native.structure(np.stack([np.zeros(300, int), 2 * np.arange(300)], 1), 1, 600)
+    assert wide.size == 3 * 300 + 1 + 600 + 2
+    wide[1 + 1 + 150] = 600  # a column of W beyond n_out, inside a group of 8 the scatter checks as one vector
+    for batch in (1, 3):  # the forward scatter along W (batch 1 and a small batch), checking as it reads
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
+            lib.prune_spmm(np.ones((batch, 1), np.float32), np.ones(300, np.float32), wide, n_in=1, n_out=600)
     negative = good.copy()
     negative[3] = -1  # checked as unsigned: a negative column is out of range too
     for batch, transpose in ((1, False), (1, True), (tiled, True)):  # the paths that read W's rows
