@@ -279,3 +279,17 @@ def test_import_prune_loads_a_library_already_built_and_never_compiles(tmp_path)
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results["built"]["loaded"] and not results["built"]["built"]
     assert not results["empty"]["loaded"] and not (tmp_path / "empty").exists()  # nothing compiled, nothing written
+
+
+@needs_native
+def test_load_before_tensorflow_is_imported_does_not_deadlock():
+    # native.load() imports TensorFlow; that import runs prune's post-import hook (prune/_lazy.py), which calls
+    # native.load_if_built() -> native.load() again. With the library in the cache and the load lock held across
+    # the import, the process hung for good (found 2026-12-02). A fresh interpreter that has imported neither.
+    assert native.load() is not None  # the library for this machine is in the cache now
+    code = "import numpy\nfrom prune import native\nimport sys\nassert 'tensorflow' not in sys.modules\n" \
+           "print(native.load() is not None, native.status().reason)\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=str(Path(__file__).resolve().parents[1]))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[0] == "True", proc.stdout

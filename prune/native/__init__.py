@@ -329,6 +329,12 @@ def load() -> Any | None:
     Safe to call from several threads and processes at once; the result is
     cached for the process.
     """
+    if "status" not in _state and enabled():
+        # TensorFlow is imported before the lock is taken: its import runs prune's post-import hook
+        # (prune/_lazy.py), which calls load_if_built() and so load() again. Inside the lock that
+        # re-entry waited on the lock held below it, and the process hung (a cached library, and
+        # TensorFlow not yet imported; tests/test_native.py).
+        import tensorflow  # noqa: F401
     with _lock:
         if "status" in _state:
             return _state.get("module")
