@@ -51,10 +51,11 @@ SHAPES = [
     (64, 16, 17, 0.0, False, False),
     (40, 40, 256, 1.0, False, False),  # nnz 0, full tiles
     # batch below one vector: forward scatters along W's rows, input gradient gathers (AVX2: 16 entries a
-    # vector pass at batch 1); from 160k multiply-adds the work is split over the threads
-    (600, 400, 1, 0.2, True, True),
-    (300, 200, 3, 0.3, True, False),  # 126k multiply-adds: on the calling thread
-    (400, 600, 7, 0.5, False, True),
+    # vector pass at batch 1); cut into units of 32k multiply-adds that the threads take in turn (at most 16)
+    (600, 400, 1, 0.2, True, True),  # 5 units
+    (300, 200, 3, 0.3, True, False),  # 3 units
+    (400, 600, 7, 0.5, False, True),  # 16 units
+    (100, 200, 1, 0.3, False, False),  # 14k multiply-adds: one unit, on the calling thread
     (90, 70, 100, 0.2, True, True),  # 4 batch tiles: values gathered into W^T order once, then the tiles
     (300, 40, 40, 0.3, True, True),  # one forward tile larger than L1, values read through tperm
     (300, 40, 100, 0.3, False, True),  # the same after the value gather
@@ -170,6 +171,47 @@ def test_native_op_rejects_a_corrupt_structure():
         lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(2, np.float32), bad_perm, n_in=2, n_out=2, profile=5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="structure must have"):
         lib.prune_spmm(np.ones((1, 2), np.float32), np.ones(3, np.float32), good, n_in=2, n_out=2)
+
+
+_SMALL_BATCH_BITS = """
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+from prune import native
+lib = native.load()
+rng = np.random.default_rng(5)
+mask = rng.random((700, 300)) >= 0.5
+idx = np.argwhere(mask).astype(np.int64)
+structure = native.structure(idx, 700, 300)
+values = rng.standard_normal(len(idx)).astype(np.float32)
+out = {}
+for batch in (1, 3, 7):
+    x = rng.standard_normal((batch, 700)).astype(np.float32)
+    dy = rng.standard_normal((batch, 300)).astype(np.float32)
+    runs = [lib.prune_spmm(x, values, structure, n_in=700, n_out=300).numpy() for _ in range(20)]
+    assert all(np.array_equal(r, runs[0]) for r in runs), f"batch {batch}: the forward differs between calls"
+    out[f"y{batch}"] = runs[0]
+    out[f"dx{batch}"] = lib.prune_spmm(dy, values, structure, n_in=700, n_out=300, transpose=True).numpy()
+np.savez(sys.argv[2], **out)
+"""
+
+
+@needs_native
+def test_small_batch_results_are_bitwise_the_same_on_any_number_of_threads(tmp_path):
+    # Below one vector of batch rows the work is cut into units that whichever threads are awake take in turn
+    # (sparse_ops.cc: Shared); the forward's per-unit partial outputs must add up in unit order, whoever ran them.
+    # 105k-735k multiply-adds: 3 to 16 units. Each interpreter also repeats the forward 20 times.
+    bits = {}
+    for threads in (1, 2, 3):
+        out = tmp_path / f"t{threads}.npz"
+        proc = subprocess.run([sys.executable, "-c", _SMALL_BATCH_BITS, str(threads), str(out)], capture_output=True,
+                              text=True, timeout=300, cwd=str(ROOT))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        bits[threads] = dict(np.load(out))
+    for threads in (2, 3):
+        for name, got in bits[threads].items():
+            assert np.array_equal(got.view(np.uint32), bits[1][name].view(np.uint32)), (threads, name)
 
 
 def test_auto_and_native_layers_match_dense_layer_in_this_mode():

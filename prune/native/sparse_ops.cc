@@ -49,9 +49,10 @@
 // A structure of whole 1 x C tiles along the output axis carries a block section after
 // these parts; the ops then run the block kernels of block_ops.h (see there).
 //
-// Work runs on the op's intra-op thread pool; the small-batch paths split only
-// from about 160k multiply-adds (kSmallUnit; a smaller op runs on the calling
-// thread). Every column and permutation entry a path reads is range-checked
+// Work runs on the op's intra-op thread pool. The small-batch paths cut the work into
+// units of about 32k multiply-adds (kSmallUnit; a smaller op runs on the calling thread)
+// that the calling thread and whichever pool threads wake in time take in turn (Shared).
+// Every column and permutation entry a path reads is range-checked
 // before the kernels run (CheckEntries, one vectorised pass per array per call;
 // the kernels then index unchecked), so a corrupt structure gives
 // InvalidArgument, never a wild read.
@@ -62,6 +63,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -142,6 +144,53 @@ void Parallel(OpKernelContext* ctx, int64_t units, const std::function<void(int6
       units, tsl::thread::ThreadPool::SchedulingParams::Fixed(1), [&](int64_t u0, int64_t u1) {
         for (int64_t u = u0; u < u1; ++u) fn(u);
       });
+}
+
+// fn(u) for u in [0, units): the calling thread takes units in order from a shared counter,
+// and up to NumThreads - 1 threads of the op's pool take units from the same counter when
+// they wake in time. The caller never waits for a thread to wake: a helper that starts
+// after the last unit was taken runs nothing, and the caller waits only for units a helper
+// is running. For the small-batch paths, where the whole op takes 10-200 us: on this VM a
+// pool thread started about 6-8 us after Schedule, but the Schedule call itself cost the
+// caller 8-30 us (a futex wake of a sleeping thread), and ParallelFor, whose caller also
+// sleeps until the last range is done, made 1024x1024 at batch 1 and 80% slower on two
+// threads than on one (0.184 against 0.155 ms). Which thread runs a unit varies from call
+// to call, so fn(u) must write only what unit u owns; results then do not depend on
+// timing or on the number of threads.
+struct SharedUnits {
+  std::atomic<int64_t> next{0};
+  std::atomic<int> inside{0};
+  std::atomic<bool> closed{false};
+};
+
+void Shared(OpKernelContext* ctx, int64_t units, const std::function<void(int64_t)>& fn) {
+  const int64_t helpers = std::min<int64_t>(NumThreads(ctx) - 1, units - 1);
+  if (helpers <= 0) {
+    for (int64_t u = 0; u < units; ++u) fn(u);
+    return;
+  }
+  // The helpers' closures may outlive this call (a helper that wakes late): they hold the
+  // state, and touch fn only while registered inside, which the caller waits out.
+  auto state = std::make_shared<SharedUnits>();
+  const std::function<void(int64_t)>* f = &fn;
+  for (int64_t h = 0; h < helpers; ++h) {
+    ctx->device()->tensorflow_cpu_worker_threads()->workers->Schedule([state, f, units] {
+      // Registered before reading `closed` (both sequentially consistent), so either the
+      // caller sees this helper inside and waits for it, or the helper sees `closed`.
+      state->inside.fetch_add(1);
+      if (!state->closed.load()) {
+        for (int64_t u; (u = state->next.fetch_add(1)) < units;) (*f)(u);
+      }
+      state->inside.fetch_sub(1);
+    });
+  }
+  for (int64_t u; (u = state->next.fetch_add(1)) < units;) fn(u);
+  state->closed.store(true);
+  while (state->inside.load() != 0) {  // at most the rest of the units the helpers hold
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
 }
 
 // Splits rows [0, n) into `units` ranges of about equal stored entries.
@@ -327,12 +376,17 @@ void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
   });
 }
 
-// Multiply-adds per unit of work of the small-batch paths. One thread does
-// about 1 ns per multiply-add there, and waking the pool costs 0.07-0.1 ms
-// (measured at batch 1, 1024x1024, AVX2, 2 threads: 90% sparse took 0.10 ms
-// on the calling thread against 0.17 ms split over two), so an op is split
-// only from about 160k multiply-adds; a smaller one runs on the calling thread.
-constexpr int64_t kSmallUnit = 81920;
+// Multiply-adds per unit of work of the small-batch paths (Shared): about 16 us on one
+// thread (0.5 ns per multiply-add with AVX-512). An op of fewer runs on the calling
+// thread alone, as one unit; units are sized by the work alone, not by the threads, so
+// the scatter's partial sums add up in the same order on any machine. Interleaved at
+// batch 1, 1024x1024, 2 threads, units of 32768 / 16384 multiply-adds against the
+// previous two-way ParallelFor from 160k: 0.105 / 0.135 against 0.184 ms at 80%, 0.062 /
+// 0.064 against 0.075 ms at 90%; level at 95% and 99% (one unit).
+constexpr int64_t kSmallUnit = 32768;
+constexpr int64_t kMaxSmallUnits = 16;
+
+int64_t SmallUnits(int64_t work) { return std::min(kMaxSmallUnits, std::max<int64_t>(1, work / kSmallUnit)); }
 
 // Small batch (B < one vector of rows), output rows [r0, r1): one dot product
 // per output row and batch row over the row's entries, y[b, r] = sum_k
@@ -442,9 +496,9 @@ void RowDots1x16(const float* x, const Csr& m, const float* vals, int64_t r0, in
 template <int B, bool kPerm>
 void SmallBatch(OpKernelContext* ctx, const float* x, const Csr& m, const float* vals, float* y) {
   const int64_t nnz = m.rp[m.n_rows];
-  const int64_t units = std::min<int64_t>(2 * NumThreads(ctx), std::max<int64_t>(1, nnz * B / kSmallUnit));
+  const int64_t units = SmallUnits(nnz * B);
   const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, units);
-  Parallel(ctx, units, [&](int64_t u) {
+  Shared(ctx, units, [&](int64_t u) {
 #if defined(__AVX512F__)
     if (B == 1) return RowDots1x16<kPerm>(x, m, vals, bounds[u], bounds[u + 1], y);
 #elif defined(PRUNE_AVX2)
@@ -490,10 +544,10 @@ void ScatterRows(const float* x, const Csr& m, const float* vals, int64_t r0, in
 template <int B>
 void SmallScatter(OpKernelContext* ctx, const float* x, const Csr& m, const float* vals, float* y) {
   const int64_t n_out = m.n_cols, nnz = m.rp[m.n_rows];
-  const int64_t units = std::min<int64_t>(NumThreads(ctx), std::max<int64_t>(1, nnz * B / kSmallUnit));
+  const int64_t units = SmallUnits(nnz * B);
   const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, units);
-  std::vector<float> partial((units - 1) * B * n_out);
-  Parallel(ctx, units, [&](int64_t u) {
+  std::vector<float> partial((units - 1) * B * n_out);  // unit u > 0 into its own, summed in unit order
+  Shared(ctx, units, [&](int64_t u) {
     ScatterRows<B>(x, m, vals, bounds[u], bounds[u + 1], u == 0 ? y : partial.data() + (u - 1) * B * n_out);
   });
   for (int64_t u = 1; u < units; ++u) {
