@@ -51,7 +51,8 @@
 //
 // Work runs on the op's intra-op thread pool. The small-batch paths cut the work into
 // units of about 32k multiply-adds (kSmallUnit; a smaller op runs on the calling thread)
-// that the calling thread and whichever pool threads wake in time take in turn (Shared).
+// that the calling thread and whichever pool threads wake in time take in turn (Shared),
+// as do the tiled paths below 32M multiply-adds (kTiledShared).
 // Every column and permutation entry a path reads is range-checked
 // before the kernels run (CheckEntries, one vectorised pass per array per call;
 // the kernels then index unchecked), so a corrupt structure gives
@@ -150,7 +151,8 @@ void Parallel(OpKernelContext* ctx, int64_t units, const std::function<void(int6
 // and up to NumThreads - 1 threads of the op's pool take units from the same counter when
 // they wake in time. The caller never waits for a thread to wake: a helper that starts
 // after the last unit was taken runs nothing, and the caller waits only for units a helper
-// is running. For the small-batch paths, where the whole op takes 10-200 us: on this VM a
+// is running. For ops of 10 us to a few ms (the small-batch paths; the tiled paths below
+// kTiledShared multiply-adds): on this VM a
 // pool thread started about 6-8 us after Schedule, but the Schedule call itself cost the
 // caller 8-30 us (a futex wake of a sleeping thread), and ParallelFor, whose caller also
 // sleeps until the last range is done, made 1024x1024 at batch 1 and 80% slower on two
@@ -339,6 +341,13 @@ int TileVectors(int64_t n_cols, int64_t batch) {
 // does about 4-8 per ns there; waking the pool costs tens of microseconds).
 constexpr int64_t kTiledSerial = 1 << 19;
 
+// Multiply-adds below which the tiled paths share their units (Shared) instead of handing
+// them to ParallelFor: about 2-4 ms of work on two threads. Interleaved, 2 threads, 90%:
+// 1024x1024 at batch 16 / 32 / 64 / 256 (up to 27M): 0.290 / 0.254 / 0.375 / 1.12 ms with
+// ParallelFor against 0.211 / 0.197 / 0.292 / 1.06 ms shared; 4096x4096 at batch 32 (54M):
+// 4.5-4.9 against 5.1-5.3 ms shared, and level at batch 256.
+constexpr int64_t kTiledShared = 1 << 25;
+
 // y = x @ M^T for M given by CSR (rows = outputs): tiles over the batch.
 template <bool kPerm>
 void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, float* y,
@@ -349,6 +358,7 @@ void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
   // Split output rows as well when there are fewer tiles than threads, unless the whole
   // product is smaller than waking the pool costs (kTiledSerial).
   const bool serial = m.rp[m.n_rows] * batch < kTiledSerial;
+  const auto split = m.rp[m.n_rows] * batch < kTiledShared ? Shared : Parallel;
   const int64_t splits =
       serial ? 1 : std::max<int64_t>(1, std::min<int64_t>((2 * threads + tiles - 1) / tiles, (m.n_rows + 63) / 64));
   const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, splits);
@@ -357,12 +367,12 @@ void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
   if (tiles == 1 && splits > 1) {
     shared = Scratch(3, m.n_cols * w);  // the calling thread's buffer, read by the pool's threads
     const int64_t step = (m.n_cols + 8 * splits - 1) / (8 * splits) * 8;
-    Parallel(ctx, splits, [&](int64_t s) {
+    split(ctx, splits, [&](int64_t s) {
       const int64_t c0 = std::min(m.n_cols, s * step), c1 = std::min(m.n_cols, c0 + step);
       TransposeTile(x, 0, batch, m.n_cols, w, c0, c1, shared);
     });
   }
-  Parallel(ctx, serial ? 1 : tiles * splits, [&](int64_t u) {
+  split(ctx, serial ? 1 : tiles * splits, [&](int64_t u) {
     for (int64_t v = serial ? 0 : u, e = serial ? tiles * splits : u + 1; v < e; ++v) {
       const int64_t t = v / splits, s = v % splits;
       const int64_t b0 = t * w, tb = std::min(w, batch - b0);
