@@ -39,6 +39,7 @@ from the op's benchmark-only ``profile`` attribute (see ``sparse_ops.cc``):
   ``n_in * n_out * batch``.
 
     python benchmarks/csr_overhead.py [--breakdown-only]
+    python benchmarks/csr_overhead.py --breakdown-only --n 4096 --points 256:0.9   # one size, chosen points
 """
 
 from __future__ import annotations
@@ -143,51 +144,86 @@ def main() -> None:
             )
 
 
-def breakdown(lib) -> None:
-    """Per-part times of the native forward op (module docstring), per application inside one graph."""
+BREAKDOWN_POINTS = tuple((b, s) for b in (1, 32, 256) for s in (0.8, 0.9, 0.99))
+
+
+def breakdown(lib, n: int = N, points: tuple[tuple[int, float], ...] = BREAKDOWN_POINTS) -> None:
+    """Per-part times of the native forward op (module docstring), per application inside one graph.
+
+    Args:
+        lib: The loaded native library.
+        n: The weight is ``n x n``.
+        points: ``(batch, sparsity)`` pairs, measured in this order.
+    """
     rng = np.random.default_rng(1)
+    N = n  # noqa: N806  (the size of this breakdown)
     print(f"native forward op by part, {N}x{N}, per application inside one graph (ms); "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    for batch in (1, 32, 256):
-        xs = [tf.constant(rng.normal(size=(batch, N)).astype("float32")) for _ in range(K)]
-        for sparsity in (0.8, 0.9, 0.99):
-            mask = rng.random((N, N)) >= sparsity
-            w = (rng.normal(size=(N, N)) * mask).astype("float32")
-            nat = SparseDense.from_dense(w, mask, matmul="native")
-            st, v = nat.native_structure.value, nat.values.value
-            dense_w = tf.constant(w)
+    xs_of = {}
+    for batch, sparsity in points:
+        if batch not in xs_of:
+            xs_of[batch] = [tf.constant(rng.normal(size=(batch, N)).astype("float32")) for _ in range(K)]
+        xs = xs_of[batch]
+        mask = rng.random((N, N)) >= sparsity
+        w = (rng.normal(size=(N, N)) * mask).astype("float32")
+        nat = SparseDense.from_dense(w, mask, matmul="native")
+        st, v = nat.native_structure.value, nat.values.value
+        dense_w = tf.constant(w)
 
-            def op(profile):
-                return _pair(lambda x: lib.prune_spmm(x, v, st, n_in=N, n_out=N, profile=profile), xs)
+        def op(profile):
+            return _pair(lambda x: lib.prune_spmm(x, v, st, n_in=N, n_out=N, profile=profile), xs)
 
-            ops = {"dense": _pair(lambda x: tf.matmul(x, dense_w), xs), "op": op(0), "p1": op(1)}
-            tiled = batch >= 8
-            if tiled:
-                ops["p2"], ops["p3"] = op(2), op(3)
-            ms = _per_application(ops)
-            parts = {"fixed": ms["p1"]}
-            if tiled:
-                gathers = batch > 64  # more batch tiles than the 2 threads: the values are gathered first
-                parts["value gather"] = ms["p2"] - ms["p1"] if gathers else 0.0
-                parts["transposes"] = ms["p3"] - (ms["p2"] if gathers else ms["p1"])
-                parts["multiply-adds"] = ms["op"] - ms["p3"]
-            else:
-                parts["multiply-adds"] = ms["op"] - ms["p1"]
-            nnz = nat.nnz
-            print(
-                f"batch {batch:3d} sparsity {sparsity:.2f} (nnz {nnz}): dense {ms['dense']:.3f} | op {ms['op']:.3f} "
-                f"({ms['dense'] / ms['op']:.2f}x dense) = " + " + ".join(f"{k} {t:.3f}" for k, t in parts.items())
-                + f" | ns per multiply-add: native {parts['multiply-adds'] * 1e6 / (nnz * batch):.4f}, "
-                f"dense {ms['dense'] * 1e6 / (N * N * batch):.4f}",
-                flush=True,
-            )
+        ops = {"dense": _pair(lambda x: tf.matmul(x, dense_w), xs), "op": op(0), "p1": op(1)}
+        tiled = batch >= 8
+        if tiled:
+            ops["p2"], ops["p3"] = op(2), op(3)
+        ms = _per_application(ops)
+        parts = {"fixed": ms["p1"]}
+        if tiled:
+            gathers = batch > 64  # more batch tiles than the 2 threads: the values are gathered first
+            parts["value gather"] = ms["p2"] - ms["p1"] if gathers else 0.0
+            parts["transposes"] = ms["p3"] - (ms["p2"] if gathers else ms["p1"])
+            parts["multiply-adds"] = ms["op"] - ms["p3"]
+        else:
+            parts["multiply-adds"] = ms["op"] - ms["p1"]
+        nnz = nat.nnz
+        print(
+            f"batch {batch:3d} sparsity {sparsity:.2f} (nnz {nnz}): dense {ms['dense']:.3f} | op {ms['op']:.3f} "
+            f"({ms['dense'] / ms['op']:.2f}x dense) = " + " + ".join(f"{k} {t:.3f}" for k, t in parts.items())
+            + f" | ns per multiply-add: native {parts['multiply-adds'] * 1e6 / (nnz * batch):.4f}, "
+            f"dense {ms['dense'] * 1e6 / (N * N * batch):.4f}",
+            flush=True,
+        )
+
+
+def _arguments(argv: list[str]) -> tuple[bool, int, tuple[tuple[int, float], ...]]:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--breakdown-only", action="store_true")
+    parser.add_argument("--n", type=int, default=N, help="breakdown: the weight is n x n")
+    parser.add_argument("--points", default=None, help="breakdown: batch:sparsity pairs, e.g. 256:0.9,1:0.99")
+    args = parser.parse_args(argv)
+    if args.n < 1:
+        parser.error(f"--n must be at least 1, got {args.n}")
+    points = BREAKDOWN_POINTS
+    if args.points:
+        try:
+            points = tuple((int(b), float(s)) for b, s in (p.split(":") for p in args.points.split(",")))
+        except ValueError:
+            parser.error(f"--points must be batch:sparsity pairs separated by commas, got {args.points!r}")
+        bad = [p for p in points if p[0] < 1 or not 0.0 <= p[1] < 1.0]
+        if bad:
+            parser.error(f"--points: batch must be >= 1 and sparsity in [0, 1), got {bad}")
+    return args.breakdown_only, args.n, points
 
 
 if __name__ == "__main__":
-    if "--breakdown-only" in sys.argv[1:]:
+    only, n, points = _arguments(sys.argv[1:])
+    if only:
         tf.config.threading.set_intra_op_parallelism_threads(INTRA)
         tf.config.threading.set_inter_op_parallelism_threads(INTER)
     else:
         main()
     if native.load() is not None:
-        breakdown(native.load())
+        breakdown(native.load(), n, points)
