@@ -569,12 +569,14 @@ void SmallScatter(OpKernelContext* ctx, const float* x, const Csr& m, const floa
   const int64_t n_out = m.n_cols, nnz = m.rp[m.n_rows];
   const int64_t units = SmallUnits(nnz * B);
   const std::vector<int64_t> bounds = SplitRows(m.rp, m.n_rows, units);
-  std::vector<float> partial((units - 1) * B * n_out);  // unit u > 0 into its own, summed in unit order
+  // Unit u > 0 into its own partial output, summed in unit order. Left uninitialised here: ScatterRows
+  // zeroes what it writes into (a zero-initialising std::vector cleared it twice).
+  std::unique_ptr<float[]> partial(new float[(units - 1) * B * n_out]);
   Shared(ctx, units, [&](int64_t u) {
-    ScatterRows<B>(x, m, vals, bounds[u], bounds[u + 1], u == 0 ? y : partial.data() + (u - 1) * B * n_out);
+    ScatterRows<B>(x, m, vals, bounds[u], bounds[u + 1], u == 0 ? y : partial.get() + (u - 1) * B * n_out);
   });
   for (int64_t u = 1; u < units; ++u) {
-    const float* p = partial.data() + (u - 1) * B * n_out;
+    const float* p = partial.get() + (u - 1) * B * n_out;
     for (int64_t i = 0; i < B * n_out; ++i) y[i] += p[i];
   }
 }
