@@ -208,8 +208,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Print done, diverged, failed and missing runs of a sweep (writes nothing).
 
     The counts are those ``run`` acts on: runs.csv repaired in memory exactly as
-    ``run`` would repair it (rows recovered from ``result.json``, a corrupt
-    ``result.json`` without a row counted missing).
+    ``run`` would repair it (rows, or columns the file lost, recovered from
+    ``result.json``, a corrupt ``result.json`` without a row counted missing).
     """
     from experiments.store import SweepLock
 
@@ -230,6 +230,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"in progress: a run holds the folder ({SweepLock.describe(holder)})")
     for w in store.warnings:
         print(f"warning: {w} (run will move it aside)")
+    for line in store.restored:
+        print(f"warning: {line} (run will rewrite the file)")
     for line in store.repairs:
         print(f"note: {line} (run will rewrite the file)")
     for line in store.lost:
@@ -303,7 +305,7 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
         store.open()
     except ValueError as e:
         raise UsageError(f"cannot use results folder {str(root)!r}: {e}") from None
-    for w in store.warnings + store.lost:
+    for w in store.restored + store.warnings + store.lost:
         print(f"warning: {w}", file=sys.stderr)
     for line in store.repairs:
         print(f"note: {line}", file=sys.stderr)

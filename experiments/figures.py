@@ -128,10 +128,13 @@ def read_tables(folder: Path, notes: list[str] | None = None) -> tuple[pd.DataFr
     The rows are those ``status`` and ``run`` see (:meth:`experiments.store.Store.read`):
     each cell checked against :data:`experiments.tables.RUN_SCHEMA`, duplicates
     dropped, anything that differs from a run's ``result.json`` restored from
-    it (one line per repair appended to ``notes``, if given).
+    it, and so are columns of :data:`experiments.tables.FIGURE_RUN_COLUMNS`
+    that runs.csv lacks (one line per repair appended to ``notes``, if given).
 
     Raises:
-        ValueError: naming the file, line and column of what nothing restores.
+        ValueError: naming the file, line and column of what nothing restores
+            (a column runs.csv lacks: the file, the column and a row without a
+            ``result.json``).
     """
     from experiments.store import CURVE_COLUMNS, Store, _csv_text
 
@@ -140,7 +143,7 @@ def read_tables(folder: Path, notes: list[str] | None = None) -> tuple[pd.DataFr
     if store.lost:
         raise ValueError(f"{store.lost[0]}: the figures would leave that run out")
     if notes is not None:
-        notes.extend(store.warnings + store.repairs)
+        notes.extend(store.restored + store.warnings + store.repairs)
     text = _csv_text(store.rows.values(), store.header, header=True)
     if not store.rows and not (folder / "runs.csv").stat().st_size:
         raise ValueError(f"{folder / 'runs.csv'}: empty file (0 bytes), and no runs/*/result.json to rebuild it from")

@@ -19,6 +19,11 @@ through :mod:`experiments.tables` (types per column, text only, named errors):
   :class:`experiments.tables.TableError` naming the file, line and column;
 * ``runs.csv`` empty or without its header line: rebuilt from its rows plus
   each run's ``result.json``;
+* ``runs.csv`` lacking columns (say ``test_accuracy``, dropped by an editor):
+  rebuilt from the runs' ``result.json`` when every row has one, with a warning
+  naming the file and the columns (:attr:`Store.restored`); otherwise refused
+  with a :class:`experiments.tables.TableError` naming the file, the columns
+  and a row without a ``result.json``;
 * ``curves.csv``: each run's points are exactly its ``result.json``'s; points of
   a run without one are checked, and duplicates that agree dropped;
 * an IMP run's ``levels.csv``: rebuilt from its ``levels/NN/level.json`` files
@@ -276,16 +281,23 @@ def _row_cells(row: dict[str, Any]) -> dict[str, str]:
     return cells
 
 
-def _older_runner(header: list[str]) -> bool:
-    """A header this runner wrote before some columns existed: the axes, or the optional string columns."""
+def _runner_header(header: list[str]) -> bool:
+    """A header of this runner's columns only, each once: one it wrote, perhaps before some columns existed (the
+    axes, the optional string columns), or one that has lost columns (:meth:`Store._missing_columns` names them,
+    and restores them from the runs' ``result.json`` where it can)."""
     known = set(RUN_COLUMNS) | set(OPTIONAL_RUN_COLUMNS)
-    optional = set(AXIS_COLUMNS) | set(OPTIONAL_RUN_COLUMNS)
-    return len(set(header)) == len(header) and set(header) <= known and all(c in header or c in optional for c in RUN_COLUMNS)
+    return len(set(header)) == len(header) and set(header) <= known
 
 
 def _hand_made(header: list[str]) -> bool:
-    """A table ``figures`` can read although this runner did not write it: it has :data:`tables.FIGURE_RUN_COLUMNS`."""
-    return len(set(header)) == len(header) and set(tables.FIGURE_RUN_COLUMNS) <= set(header)
+    """A table ``figures`` may read although this runner did not write it: columns each once, with ``run_id`` or
+    of this runner's only, so a first line of data is not taken for a header (:meth:`Store._missing_columns`
+    then names any of :data:`tables.FIGURE_RUN_COLUMNS` it lacks)."""
+    return len(set(header)) == len(header) and ("run_id" in header or _runner_header(header))
+
+
+_NEEDED_RUN_COLUMNS = [c for c in RUN_COLUMNS if c not in AXIS_COLUMNS and c not in OPTIONAL_RUN_COLUMNS]
+"""The runs.csv columns a table must have (the others have the defaults an older runner ran with)."""
 
 
 def _parse(path: Path, columns: list[str], accept: Any = None) -> tuple[list[str], list[tuple[int, dict]], list, bool]:
@@ -350,6 +362,8 @@ class Store:
         warnings: Unreadable ``result.json`` files (moved aside by :meth:`open`).
         repairs: One line per cell, row or point restored from a ``result.json``
             (or dropped as a duplicate).
+        restored: One line per column runs.csv lacked that every row's ``result.json``
+            restored (the table is rebuilt from them): a warning, as the file lost data.
         lost: One line per row or point that was damaged and that no
             ``result.json`` restores (a torn last line): ``run`` redoes those
             runs, ``figures`` refuses.
@@ -367,6 +381,7 @@ class Store:
         self.warnings: list[str] = []
         self.repairs: list[str] = []
         self.lost: list[str] = []
+        self.restored: list[str] = []
         self.corrupt: list[Path] = []
         self._records: dict[str, dict[str, Any]] = {}
 
@@ -392,10 +407,11 @@ class Store:
         """runs.csv's rows, each checked against its run's ``result.json`` (which wins) or, without one, against
         :data:`experiments.tables.RUN_SCHEMA`; and whether the file must be rewritten."""
         path = self.runs_path
-        header, rows, torn, dirty = _parse(path, RUN_COLUMNS, _hand_made if self.hand_made else _older_runner)
+        header, rows, torn, dirty = _parse(path, RUN_COLUMNS, _hand_made if self.hand_made else _runner_header)
         self.header = header
         dirty |= header != RUN_COLUMNS
         self._records = self._results()
+        missing = self._missing_columns(header, rows)
         unique: dict[str, dict[str, str]] = {}
         lines: dict[str, int] = {}
         for line, r in rows:
@@ -439,7 +455,41 @@ class Store:
             if run_id not in unique:  # finished, but the runner died (or runs.csv was lost) before its row
                 unique[run_id] = _row_cells(record["row"])
                 dirty = True
+        if missing:  # every row came from its result.json, which has every column
+            self.header = header + [c for c in RUN_COLUMNS if c not in header]
         return unique, dirty
+
+    def _missing_columns(self, header: list[str], rows: list[tuple[int, dict[str, str]]]) -> list[str]:
+        """The columns runs.csv needs and lacks (:data:`tables.FIGURE_RUN_COLUMNS` for a hand-made table), each
+        restored from the runs' ``result.json`` (one line in :attr:`restored`) when every row has one.
+
+        Raises:
+            TableError: some row has no readable ``result.json``, naming the file, the columns and that row.
+        """
+        needed = tables.FIGURE_RUN_COLUMNS if self.hand_made else _NEEDED_RUN_COLUMNS
+        missing = [c for c in needed if c not in header]
+        if not missing:
+            return []
+        what = f"column {missing[0]!r}" if len(missing) == 1 else f"columns {missing}"
+        if "run_id" in missing:
+            raise TableError(
+                f"{self.runs_path} lacks {what}, so its rows cannot be matched to their runs' result.json: put the "
+                "column back, or move the file away (`run` then rebuilds it from the runs/<run_id>/result.json files)"
+            )
+        orphans = [(line, r.get("run_id") or "") for line, r in rows if (r.get("run_id") or "") not in self._records]
+        if orphans:
+            line, run_id = orphans[0]
+            record = self.root / "runs" / (run_id or "?") / "result.json"
+            why = f"{record} cannot be read" if record in self.corrupt else f"no {record}"
+            raise TableError(
+                f"{self.runs_path} lacks {what}, and {len(orphans)} of its {len(rows)} rows have no result.json to "
+                f"restore it from (line {line}, run {run_id!r}: {why}): put the column back, or delete those rows "
+                "(their runs are then redone)"
+            )
+        self.restored.append(
+            f"{self.runs_path} lacked {what}: restored for its {len(rows)} rows from their runs/<run_id>/result.json"
+        )
+        return missing
 
     def _reconcile_curves(self, rows: dict[str, dict[str, str]]) -> tuple[list[dict[str, str]], bool]:
         """curves.csv's points of ``rows``' runs: a run with a ``result.json`` gets exactly its curves; points
@@ -498,7 +548,7 @@ class Store:
             TableError: a table that is not ours, not text, or damaged where no ``result.json`` restores it;
                 the message names the file, the line and the column.
         """
-        self.warnings, self.repairs, self.lost = [], [], []
+        self.warnings, self.repairs, self.lost, self.restored = [], [], [], []
         self.rows, _ = self._reconcile()
         self.curves, _ = self._reconcile_curves(self.rows)
         return self.rows
@@ -513,7 +563,7 @@ class Store:
         if self.hand_made:
             raise ValueError("a Store reading a hand-made table writes nothing; use read()")
         self.root.mkdir(parents=True, exist_ok=True)
-        self.warnings, self.repairs, self.lost = [], [], []
+        self.warnings, self.repairs, self.lost, self.restored = [], [], [], []
         unique, dirty = self._reconcile()
         for path in self.corrupt:
             aside = path.with_name("result.json.corrupt")

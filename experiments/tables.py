@@ -50,6 +50,7 @@ __all__ = [
     "FIGURE_RUN_COLUMNS",
     "read_text",
     "split_rows",
+    "header_difference",
     "row_problem",
     "levels_text",
     "read_levels",
@@ -168,10 +169,8 @@ def split_rows(
     elif not first and torn:  # only a torn first line
         header, body = columns, []
     else:
-        raise TableError(
-            f"{path} has columns {first[:6]}{'...' if len(first) > 6 else ''}, expected {columns[:6]}...: "
-            "it was not written by this runner (or by another version of it); move it away"
-        )
+        raise TableError(f"{path} has columns {_shown(first)}, {header_difference(first, columns)}: "
+                         "it was not written by this runner (or by another version of it); move it away")
     rows = []
     for i, cells in enumerate(csv.reader(body)):
         line = start + i
@@ -184,6 +183,35 @@ def split_rows(
             row[None] = cells[len(header):]
         rows.append((line, row))
     return header, rows, torn
+
+
+def _shown(names: list[str], limit: int = 6) -> str:
+    return f"{names[:limit]}"[:-1] + (f", ... ({len(names)} in all)]" if len(names) > limit else "]")
+
+
+def header_difference(header: list[str], columns: list[str]) -> str:
+    """What sets a table's ``header`` apart from the ``columns`` it should have, for a message.
+
+    Names the columns it lacks, those it has that ``columns`` does not, and
+    any it repeats, e.g. ``"lacking ['test_accuracy']"``; a list longer than
+    six names is cut, with its length.
+
+    Args:
+        header: The table's columns, as read from its first line.
+        columns: The columns it should have, in order.
+
+    Returns:
+        The differences, joined with ``"; "``, or ``"in another order"`` if there is none.
+    """
+    missing = [c for c in columns if c not in header]
+    unknown = [c for c in dict.fromkeys(header) if c not in columns]
+    repeated = [c for c in dict.fromkeys(header) if header.count(c) > 1]
+    parts = [
+        f"lacking {_shown(missing)}" if missing else "",
+        f"with columns not expected {_shown(unknown)}" if unknown else "",
+        f"with columns repeated {_shown(repeated)}" if repeated else "",
+    ]
+    return "; ".join(p for p in parts if p) or "in another order"
 
 
 def _cell_problem(column: str, kind: Column, value: Any) -> str | None:

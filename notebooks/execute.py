@@ -6,6 +6,10 @@ The committed notebooks carry their outputs, so that they read on a repository p
 to be there, not pixel for pixel, since rasterisation differs in the last bits between CPUs).
 
     .venv/bin/python notebooks/execute.py [NOTEBOOK ...]
+
+Before executing any, it checks that every notebook named and every table they read (:data:`INPUTS`, under
+``results/``) is there; if not it exits with status 2 and one line naming the missing path and the command
+that makes it, writing nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +22,63 @@ import nbformat
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 NOTEBOOKS = sorted(HERE.glob("[0-9][0-9]_*.ipynb"))
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def _sweep(name: str) -> tuple[str, str]:
+    return f"results/{name}/runs.csv", f"python -m experiments run experiments/configs/{name}.toml"
+
+
+INPUTS: dict[str, list[tuple[str, str]]] = {
+    "01_compare_implementations": [_sweep("paper")],
+    "02_sparse_kernels": [("results/benchmarks/layer_speed.csv", "python benchmarks/layer_speed.py")],
+    "03_partial_freezing": [("results/partial_freezing/results.csv", "python -m experiments.partial_freezing")],
+    "04_methods": [_sweep("methods")],
+    "05_fashion_mnist": [
+        *(_sweep(f"fmnist_{name}") for name in ("lenet300", "lenet300_small_dense", "lenet300_patterns", "lenet300_imp",
+                                                 "lenet5", "lenet5_small_dense", "lenet5_patterns", "lenet5_gmp",
+                                                 "lenet5_small_dense_sizes")),
+        ("results/fmnist_lenet300/latency.csv", "python benchmarks/deployed_latency.py"),
+        ("results/fmnist_lenet5/latency.csv", "python benchmarks/deployed_latency.py --study lenet5"),
+    ],
+}
+"""Per notebook (by file stem), the tables it reads, relative to the repository, each with the command that
+writes it (all are committed: ``git checkout -- <path>`` restores one)."""
+
+
+class MissingInput(Exception):
+    """A notebook, or a table one reads, is not there: reported as one line naming the path, exit status 2."""
+
+
+def check_inputs(paths: list[Path], root: Path = REPO) -> None:
+    """Check that every notebook in ``paths`` and every table it reads under ``root`` (:data:`INPUTS`) exists.
+
+    Args:
+        paths: The notebooks to execute.
+        root: The repository, whose ``results/`` the notebooks read.
+
+    Raises:
+        MissingInput: naming the first missing notebook, ``results/`` folder or table, and what makes it.
+    """
+    for path in paths:
+        if not path.is_file():
+            names = ", ".join(p.name for p in NOTEBOOKS)
+            raise MissingInput(f"notebook {str(path)!r} is missing (not a file); the notebooks are {names} in {HERE}")
+    results = root / "results"
+    if not results.is_dir():
+        raise MissingInput(
+            f"results folder {str(results)!r} is missing: the notebooks read the committed tables in it; "
+            "restore it with `git checkout -- results` (notebooks/execute.py's INPUTS lists the command that writes each table)"
+        )
+    for path in paths:
+        for table, command in INPUTS.get(path.stem, []):
+            if not (root / table).is_file():
+                raise MissingInput(
+                    f"{path.name} reads {str(root / table)!r}, which is missing: make it with `{command}`, "
+                    f"or restore the committed one with `git checkout -- {table}`"
+                )
 
 
 def execute(path: Path) -> nbformat.NotebookNode:
@@ -62,8 +121,23 @@ def text_outputs(nb: nbformat.NotebookNode) -> list[list[str]]:
     return out
 
 
-def main(argv: list[str]) -> int:
-    for path in [Path(a) for a in argv] or NOTEBOOKS:
+def main(argv: list[str], root: Path = REPO) -> int:
+    """Execute the notebooks named in ``argv`` (default all) and save each with its outputs.
+
+    Args:
+        argv: Notebook paths; empty for every ``notebooks/NN_*.ipynb``.
+        root: The repository whose ``results/`` the notebooks read (checked before any runs).
+
+    Returns:
+        0, or 2 (one line on stderr, nothing written) if a notebook or a table it reads is missing.
+    """
+    paths = [Path(a) for a in argv] or NOTEBOOKS
+    try:
+        check_inputs(paths, root)
+    except MissingInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for path in paths:
         nb = execute(path)
         for cell in nb.cells:  # execution metadata holds wall-clock times: leave it out of the committed file
             cell.get("metadata", {}).pop("execution", None)

@@ -35,6 +35,7 @@ import numpy as np
 __all__ = [
     "CONTROLS",
     "VARIANTS",
+    "LEVEL_KEYS",
     "ImpParams",
     "ParamError",
     "Trained",
@@ -49,6 +50,8 @@ CONTROLS = ("reinit", "random")
 """The controls of Frankle and Carbin, in the order they are stored and trained."""
 VARIANTS = ("ticket", *CONTROLS)
 """Every variant a level trains, in row order."""
+LEVEL_KEYS = ("target_sparsity", "rows", "ticket")
+"""The keys of a level record (:class:`LevelStore`), each of which :meth:`LevelStore.read` must return."""
 
 
 class ParamError(ValueError):
@@ -289,6 +292,32 @@ def _level(run: _Run, store: LevelStore, params: ImpParams, scope: str, level: i
     store.write(level, dict(rows=rows, target_sparsity=sparsity, ticket=ticket.record), states)
 
 
+def _checked(store: LevelStore, level: int, record: Any) -> dict[str, Any] | None:
+    """``record`` as ``store.read(level)`` returned it, if it is ``None`` or a level record (see :class:`LevelStore`).
+
+    Raises:
+        ValueError: naming the store, the level and the missing or bad key.
+    """
+    if record is None:
+        return None
+    where = f"level {level} of store {store}: read({level}) returned"
+    if not isinstance(record, Mapping):
+        raise ValueError(f"{where} a {type(record).__name__}, not a level record (a dict with keys {list(LEVEL_KEYS)})")
+    missing = [k for k in LEVEL_KEYS if k not in record]
+    if missing:
+        raise ValueError(
+            f"{where} a record without {', '.join(repr(k) for k in missing)} (its keys: {sorted(map(str, record))}); "
+            f"a level record has keys {list(LEVEL_KEYS)}, as train_levels gave them to write()"
+        )
+    rows = record["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{where} a record whose 'rows' is {rows!r}, not a non-empty list of rows")
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping) or "status" not in row:
+            raise ValueError(f"{where} a record whose rows[{i}] is {row!r}, not a row with a 'status'")
+    return record if isinstance(record, dict) else dict(record)
+
+
 def train_levels(
     build: Callable[[], Any],
     fit: Callable[[Any, int, str, list[Any]], Trained],
@@ -329,7 +358,11 @@ def train_levels(
         :class:`Levels`.
 
     Raises:
-        ValueError: bad arguments, or a stored level made for another sparsity.
+        ValueError: bad arguments, a stored level made for another sparsity, or a
+            record from ``store.read`` that is not a level record (not a dict, a key of
+            :data:`LEVEL_KEYS` missing, ``rows`` not a non-empty list of rows with a
+            ``status``), naming the store, the level and the key; raised before
+            that level is trained or anything after it is written.
         TicketDiverged: a level's ticket diverged (the level is stored).
     """
     from prune import lottery
@@ -343,7 +376,7 @@ def train_levels(
     path = lottery.sparsity_path(target, params.rate, params.stops)
     record: dict[str, Any] = {}
     for level, sparsity in enumerate(path):
-        record = store.read(level)
+        record = _checked(store, level, store.read(level))
         if record is not None:
             if record["target_sparsity"] != sparsity:
                 raise ValueError(
@@ -353,7 +386,7 @@ def train_levels(
             log(f"imp level {level} at sparsity {sparsity!r}: done before, skipped")
         else:
             _level(run, store, params, scope, level, sparsity)
-            record = store.read(level)
+            record = _checked(store, level, store.read(level))
             if record is None:
                 raise RuntimeError(f"{store} did not keep level {level} it was given")
         rows.extend(record["rows"])

@@ -94,6 +94,45 @@ def test_a_diverged_ticket_stops_the_loop_after_storing_its_level():
     assert store.levels() == [0, 1] and (1, "ticket") not in store.states and info.value.level == 1
 
 
+class LossyStore(MemoryStore):
+    """A store whose read() returns its records without some keys (a store written for an older record)."""
+
+    def __init__(self, drop: tuple[str, ...]) -> None:
+        super().__init__()
+        self.drop = drop
+
+    def read(self, level):
+        record = super().read(level)
+        return None if record is None else {k: v for k, v in record.items() if k not in self.drop}
+
+    def __str__(self) -> str:
+        return "lossy"
+
+
+def test_a_store_record_without_rows_is_named_with_the_store_level_and_key():
+    trained: list[tuple[int, str]] = []
+    resumed = LossyStore(("rows",))
+    resumed.records[0] = dict(rows=[dict(level=0, variant="ticket", status="ok")], target_sparsity=0.0, ticket={})
+    message = (
+        "level 0 of store lossy: read(0) returned a record without 'rows' (its keys: ['target_sparsity', 'ticket']); "
+        "a level record has keys ['target_sparsity', 'rows', 'ticket']"
+    )
+    with pytest.raises(ValueError) as info:  # a finished level read back: refused before anything trains
+        imp.train_levels(_build, _fit(trained), 0.5, imp.ImpParams(rate=0.5, controls=()), resumed)
+    assert str(info.value).startswith(message) and trained == [] and resumed.levels() == [0]
+
+    def fit(model, level, variant, callbacks):
+        return imp.Trained("ok", {}, {})
+
+    fresh = LossyStore(("rows", "ticket"))  # the level just written, read back without them
+    with pytest.raises(ValueError, match=r"^level 0 of store lossy: read\(0\) returned a record without 'rows', 'ticket' "):
+        imp.train_levels(_build, fit, 0.5, imp.ImpParams(rate=0.5, controls=()), fresh)
+    empty = MemoryStore()
+    empty.records[0] = dict(rows=[], target_sparsity=0.0, ticket={})
+    with pytest.raises(ValueError, match=r"^level 0 of store .*MemoryStore.*: read\(0\) returned a record whose 'rows' is \[\]"):
+        imp.train_levels(_build, fit, 0.5, imp.ImpParams(rate=0.5, controls=()), empty)
+
+
 @pytest.mark.parametrize(
     "kwargs, path, message",
     [

@@ -218,6 +218,59 @@ def test_05_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
         run_notebook(NB05, results_root=root)
 
 
+def _execute_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notebooks_execute", NOTEBOOKS / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_execute_names_a_missing_notebook_or_table_in_one_line_writing_nothing(tmp_path: Path, capsys) -> None:
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(NOTEBOOKS / "execute.py"), str(tmp_path / "06_nope.ipynb")], cwd=NOTEBOOKS,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "", out.stderr[-2000:]
+    assert out.stderr.startswith(f"error: notebook '{tmp_path / '06_nope.ipynb'}' is missing (not a file); the notebooks are "
+                                 "01_compare_implementations.ipynb, ") and len(out.stderr.splitlines()) == 1, out.stderr
+    execute = _execute_module()
+    copy = tmp_path / NB03.name  # would be rewritten if it ran
+    shutil.copy(NB03, copy)
+    assert execute.main([str(copy)], root=tmp_path) == 2
+    assert capsys.readouterr().err == (
+        f"error: results folder '{tmp_path / 'results'}' is missing: the notebooks read the committed tables in it; restore "
+        "it with `git checkout -- results` (notebooks/execute.py's INPUTS lists the command that writes each table)\n"
+    )
+    (tmp_path / "results").mkdir()
+    assert execute.main([str(copy)], root=tmp_path) == 2
+    assert capsys.readouterr().err == (
+        f"error: 03_partial_freezing.ipynb reads '{tmp_path / 'results' / 'partial_freezing' / 'results.csv'}', which is "
+        "missing: make it with `python -m experiments.partial_freezing`, or restore the committed one with "
+        "`git checkout -- results/partial_freezing/results.csv`\n"
+    )
+    assert copy.read_bytes() == NB03.read_bytes()
+
+
+def test_execute_lists_the_tables_every_notebook_reads() -> None:
+    """Every notebook has its entry in INPUTS, each table of which is committed and named in the notebook's code."""
+    import importlib.util
+
+    execute = _execute_module()
+    assert sorted(execute.INPUTS) == [p.stem for p in ALL]
+    execute.check_inputs(ALL)
+    for path in ALL:
+        code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        for table, command in execute.INPUTS[path.stem]:
+            folder = table.split("/")[1]
+            assert f'"{folder}"' in code or f"'{folder}'" in code, (path.name, table)
+            words = command.split()  # the script, module and sweep file it names exist
+            assert words[0] == "python" and (words[1] == "-m" or (REPO / words[1]).is_file()), command
+            assert words[1] != "-m" or importlib.util.find_spec(words[2]) is not None, command
+            assert all((REPO / w).is_file() for w in words if w.endswith(".toml")), command
+
+
 def test_a_print_split_into_two_stream_messages_reads_as_one() -> None:
     """Under load the kernel may send a print's text and its newline as two stream messages (seen once in make test)."""
     whole = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('a')")])

@@ -228,3 +228,53 @@ def test_run_with_figures_draws_them_and_without_prints_the_command(tmp_path):
     drawn = cli("run", str(config), "--results", str(results), "--figures")
     assert drawn.returncode == 0, drawn.stderr[-3000:]
     assert (results / "figs" / "figures" / "main_table.tex").is_file() and "wrote " in drawn.stdout
+
+
+def test_run_and_status_restore_a_column_lost_from_runs_csv_or_name_it(tmp_path):
+    """runs.csv without test_accuracy: every run's result.json restores it (a warning says so), and ``run`` rewrites
+    the table as it was; while a row has no result.json, both refuse in one line naming the file and the column."""
+    from experiments.config import load_sweep
+    from experiments.grid import expand
+    from experiments.store import Store, config_columns
+
+    config = sweep(tmp_path, "lost")
+    folder = tmp_path / "results" / "lost"
+    store = Store(folder)
+    store.open()
+    for i, run in enumerate(expand(load_sweep(config))):  # a finished sweep: no cell left to train
+        row = {**config_columns(run, "lost"), "status": "ok", "test_accuracy": 0.5 + i / 10}
+        curves = [dict(run_id=run.run_id, epoch=1, metric="test_accuracy", value=row["test_accuracy"])]
+        (folder / "runs" / run.run_id).mkdir(parents=True)
+        (folder / "runs" / run.run_id / "result.json").write_text(json.dumps({"row": row, "curves": curves}))
+        store.add(row, curves)
+    runs = folder / "runs.csv"
+    whole = runs.read_text()
+    rows = read_csv(runs)
+
+    def drop_accuracy() -> None:
+        with open(runs, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, [c for c in rows[0] if c != "test_accuracy"], extrasaction="ignore", lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+
+    drop_accuracy()
+    restored = f"{runs} lacked column 'test_accuracy': restored for its 2 rows from their runs/<run_id>/result.json"
+    status = cli("status", str(config), "--results", str(tmp_path / "results"))
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert "2 runs: 2 done" in status.stdout and f"warning: {restored} (run will rewrite the file)" in status.stdout
+    run = cli("run", str(config), "--results", str(tmp_path / "results"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"warning: {restored}\n" in run.stderr and "2 already done, 0 to run" in run.stdout
+    assert runs.read_text() == whole  # the table as it was, accuracies and all
+
+    (folder / "runs" / rows[1]["run_id"] / "result.json").unlink()  # nothing restores this row's accuracy now
+    drop_accuracy()
+    lacking = runs.read_text()
+    for command in ("status", "run"):
+        out = cli(command, str(config), "--results", str(tmp_path / "results"))
+        assert out.returncode == 2, (command, out.stderr[-2000:])
+        assert out.stderr.startswith(
+            f"error: cannot use results folder '{folder}': {runs} lacks column 'test_accuracy', and 1 of its 2 rows have "
+            f"no result.json to restore it from (line 3, run '{rows[1]['run_id']}': no "
+        ) and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert runs.read_text() == lacking

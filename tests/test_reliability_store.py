@@ -16,6 +16,7 @@ import pytest
 
 from experiments.config import DatasetConfig, ImplementationConfig, ModelConfig, RunConfig, ScheduleConfig
 from experiments.store import CURVE_COLUMNS, RUN_COLUMNS, Locked, Store, SweepLock, config_columns, read_result
+from experiments.tables import TableError
 from experiments.summary import format_summary, summarize
 
 
@@ -220,3 +221,66 @@ def test_a_single_seed_shows_n_not_a_zero_spread():
         table = main_table(frame.assign(label=frame["implementation"], target=frame["target_sparsity"]))
         tex = _latex(table, "caption")
         assert want in tex and ("\\pm" in tex) == spread, tex
+
+
+def _drop_column(path: Path, column: str) -> None:
+    """runs.csv without ``column`` (an editor or a script dropped it), every other cell as it was."""
+    rows = read_csv(path)
+    header = [c for c in rows[0] if c != column]
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_a_column_lost_from_runs_csv_is_restored_from_result_files_and_a_crash_loses_nothing(tmp_path):
+    finished(tmp_path, ["a", "b"])
+    runs = tmp_path / "runs.csv"
+    whole = runs.read_text()
+    _drop_column(runs, "test_accuracy")
+    lacking = runs.read_text()
+    status = Store(tmp_path)
+    assert status.read()["a"]["test_accuracy"] == "0.5"  # status: restored in memory...
+    assert status.restored == [
+        f"{runs} lacked column 'test_accuracy': restored for its 2 rows from their runs/<run_id>/result.json"
+    ]
+    assert status.repairs == [] and runs.read_text() == lacking  # ...writing nothing
+    store = Store(tmp_path)
+    store.open()
+    assert store.restored == status.restored and runs.read_text() == whole  # run: the table as it was before
+    # A crash mid-sweep: c finished and was added; d finished (its result.json) but the runner died before its row.
+    store.add(row("c"), curves("c"))
+    write_result(tmp_path, "c")
+    write_result(tmp_path, "d")
+    again = Store(tmp_path)
+    again.open()
+    assert sorted(again.rows) == ["a", "b", "c", "d"] and again.restored == []
+    assert {r["run_id"]: r["test_accuracy"] for r in read_csv(runs)} == {"a": "0.5", "b": "0.5", "c": "0.5", "d": "0.5"}
+
+
+def test_a_column_lost_from_rows_without_result_files_is_refused_naming_file_column_and_row(tmp_path):
+    finished(tmp_path, ["a", "b"])
+    (tmp_path / "runs" / "b" / "result.json").unlink()  # b's record is gone: nothing restores its accuracy
+    half = tmp_path / "runs" / "x" / "result.json"
+    half.parent.mkdir()
+    half.write_text('{"row"')  # a corrupt record, which open() would move aside: it must not, on refusing
+    runs = tmp_path / "runs.csv"
+    _drop_column(runs, "test_accuracy")
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    message = (
+        f"{runs} lacks column 'test_accuracy', and 1 of its 2 rows have no result.json to restore it from "
+        f"(line 3, run 'b': no {tmp_path / 'runs' / 'b' / 'result.json'}): put the column back, or delete those rows"
+    )
+    for reader in (Store(tmp_path).read, Store(tmp_path).open, Store(tmp_path, hand_made=True).read):
+        with pytest.raises(TableError) as info:
+            reader()
+        assert str(info.value).startswith(message), str(info.value)
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+    (tmp_path / "runs" / "b" / "result.json").write_text("{")  # there, but unreadable: said so
+    with pytest.raises(TableError, match=rf"\(line 3, run 'b': {tmp_path / 'runs' / 'b' / 'result.json'} cannot be read\)"):
+        Store(tmp_path).read()
+    _drop_column(runs, "run_id")  # no key to match a row to its record
+    for hand_made in (False, True):
+        with pytest.raises(TableError, match=rf"^{runs} lacks columns \['run_id', 'test_accuracy'\], so its rows cannot be "
+                           "matched to their runs' result.json: put the column back, or move the file away"):
+            Store(tmp_path, hand_made=hand_made).read()
