@@ -89,6 +89,7 @@ __all__ = [
     "native_library",
     "check_matmul",
     "check_structure",
+    "is_real_dtype",
     "transpose_structure",
     "estimate_ms",
     "choose_matmul",
@@ -173,24 +174,51 @@ def check_matmul(matmul: Any) -> str:
     return matmul
 
 
+def is_real_dtype(dtype: Any) -> bool:
+    """Whether arrays of ``dtype`` hold real numbers a weight can take: bool, integer, float.
+
+    Includes the ``ml_dtypes`` floats NumPy files under "void" (``bfloat16``,
+    the ``float8`` kinds), which Keras loads bfloat16 weights as.
+    """
+    dtype = np.dtype(dtype)
+    return dtype.kind in "biuf" or (dtype.kind == "V" and dtype.name.startswith(("bfloat", "float", "int", "uint")))
+
+
 def check_structure(
-    indices: Any, values: Any, dense_shape: tuple[int, int], name: str = "indices"
+    indices: Any,
+    values: Any,
+    dense_shape: tuple[int, int],
+    name: str = "indices",
+    require_sorted: bool = False,
+    values_name: str = "values",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Validate COO ``indices``/``values`` on the host and sort them row-major.
+    """Validate COO ``indices``/``values`` on the host; sort them row-major, or require them sorted.
+
+    Two uses, one rule set: user input (:meth:`prune.layers.SparseDense.from_sparse`)
+    is sorted here (``require_sorted=False``); stored state (``set_weights``,
+    loading a file) must already be row-major sorted and unique
+    (``require_sorted=True``), since the layer only ever stores it so and
+    entries in another order mean the state did not come from a layer.
 
     Args:
         indices: Integer array ``[nnz, 2]``.
-        values: Array ``[nnz]``, in the order of ``indices``.
+        values: Real ``[nnz]`` array, in the order of ``indices``.
         dense_shape: ``(n_in, n_out)``.
         name: Name of the indices argument, used in error messages.
+        require_sorted: Reject, rather than sort, entries that are not in
+            strictly increasing row-major order (so also duplicates).
+        values_name: Name of the values argument, used in error messages.
 
     Returns:
         ``(indices, values)`` as int64 / original dtype, sorted row-major (a
-        stable sort: unsorted input is sorted, not rejected).
+        stable sort: unsorted input is sorted, not rejected, unless
+        ``require_sorted``).
 
     Raises:
-        ValueError: wrong shapes, length mismatch, out-of-range or duplicate
-            indices; the message names the argument and the offending value.
+        ValueError: wrong shapes or dtypes, length mismatch, out-of-range or
+            duplicate indices, and with ``require_sorted`` unsorted ones; the
+            message names the argument and the first offending entry (its
+            position and value).
     """
     n_in, n_out = (int(d) for d in dense_shape)
     idx = np.asarray(indices)
@@ -203,21 +231,38 @@ def check_structure(
         raise ValueError(f"{name} must be integers, got dtype {idx.dtype}")
     if vals.ndim != 1 or vals.shape[0] != idx.shape[0]:
         raise ValueError(
-            f"values must have shape [nnz] matching {name}: {name} has {idx.shape[0]} entries, "
-            f"values has shape {tuple(vals.shape)}"
+            f"{values_name} must have shape [nnz] matching {name}: {name} has {idx.shape[0]} entries, "
+            f"{values_name} has shape {tuple(vals.shape)}"
         )
-    idx = idx.astype(np.int64)
+    if not is_real_dtype(vals.dtype):
+        raise ValueError(f"{values_name} must be real numbers, got dtype {vals.dtype}")
+    # On the given dtype, before the cast: an unsigned index past int64's range must not wrap into range.
     bad = (idx[:, 0] < 0) | (idx[:, 0] >= n_in) | (idx[:, 1] < 0) | (idx[:, 1] >= n_out)
     if bad.any():
-        first = idx[np.argmax(bad)].tolist()
-        raise ValueError(f"{name} entry {first} is out of range for dense_shape {(n_in, n_out)}")
+        k = int(np.argmax(bad))
+        raise ValueError(
+            f"{name} entry {idx[k].tolist()} is out of range for dense_shape {(n_in, n_out)}, at position {k}"
+        )
+    idx = idx.astype(np.int64)
     linear = idx[:, 0] * n_out + idx[:, 1]
+    if require_sorted:
+        step = np.flatnonzero(linear[1:] <= linear[:-1])
+        if step.size:
+            k = int(step[0]) + 1
+            first, prev = idx[k].tolist(), idx[k - 1].tolist()
+            if linear[k] == linear[k - 1]:
+                raise ValueError(f"{name} has duplicate entry {first} (positions {k - 1} and {k})")
+            raise ValueError(
+                f"{name} entry {first} (position {k}) follows {prev} (position {k - 1}), which is later in "
+                f"row-major order: the entries must be row-major sorted and unique (stored entries are not re-sorted)"
+            )
+        return idx, vals
     order = np.argsort(linear, kind="stable")
     linear = linear[order]
     dup = np.flatnonzero(linear[1:] == linear[:-1])
     if dup.size:
-        first = idx[order[dup[0]]].tolist()
-        raise ValueError(f"{name} has duplicate entry {first}")
+        a, b = sorted(int(p) for p in order[dup[0] : dup[0] + 2])
+        raise ValueError(f"{name} has duplicate entry {idx[a].tolist()} (positions {a} and {b})")
     return idx[order], vals[order]
 
 

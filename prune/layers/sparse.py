@@ -13,7 +13,16 @@ structure changes (in :meth:`SparseDense._set_structure`, which build,
 ``transpose_indices`` (``W^T`` in row-major order, for the CSR kernel) and
 ``native_structure``, the int32 vector of :func:`prune.native.structure`
 (CSR of ``W`` and of ``W^T`` and the permutation between them) for the
-native kernels. ``values`` stay in ``W``'s row-major order, so the weight a
+native kernels. They are derived, never taken from outside:
+:meth:`SparseDense.set_weights`, loading (``.keras`` and ``.weights.h5``
+files) and :meth:`SparseDense.from_sparse` validate ``values`` and
+``indices`` (integer, in range, row-major sorted and unique, lengths that
+agree) before any variable changes, and recompute the derived arrays from
+them, ignoring any copies given or stored: the kernels trust them, and a
+``transpose_perm`` or ``native_structure`` that disagreed with ``indices``
+would give wrong products, not errors. (``model.set_weights`` and
+``tf.train.Checkpoint`` assign the layer's variables directly, past these
+checks.) ``values`` stay in ``W``'s row-major order, so the weight a
 user sees, the saved format and every mask driver are the same whichever
 kernel runs; the native forward pass gathers the values into ``W^T`` order
 inside its op (one pass over ``nnz``, about 0.1 ms at 100k entries).
@@ -73,7 +82,8 @@ step when its result has ``retrace=True``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import os
+from typing import Any, Iterator, Sequence
 
 import keras
 import numpy as np
@@ -108,6 +118,22 @@ def _make_dynamic(var: Any, value: Any) -> bool:
         backing.assign(value)
     set_variable_shape(var, tuple(int(d) for d in value.shape))
     return replaced
+
+
+def _store_source(store: Any) -> str | None:
+    """The file a Keras weights store reads, when the store says (a path, or a ``.keras`` archive and its member).
+
+    Keras reads a ``.keras`` file's weights through an in-memory copy whose
+    store knows no path; then ``None``.
+    """
+    member = getattr(store, "path_or_io", None)
+    archive = getattr(getattr(store, "archive", None), "filename", None)
+    if archive:
+        return f"{str(archive)!r} (member {str(member)!r})"
+    for path in (member, getattr(store, "path", None)):
+        if isinstance(path, (str, os.PathLike)):
+            return repr(str(path))
+    return None
 
 
 @keras.saving.register_keras_serializable(package="prune")
@@ -206,30 +232,41 @@ class SparseDense(keras.layers.Layer):
     ) -> "SparseDense":
         """A built layer holding ``W = SparseTensor(indices, values, dense_shape)``.
 
+        This is construction input, so unsorted entries are sorted here
+        (values follow); :meth:`set_weights` and loading, which take stored
+        state, reject them instead.
+
         Args:
             indices: ``[nnz, 2]`` integer entries; unsorted input is sorted
                 (values follow), duplicates and out-of-range entries are errors.
-            values: ``[nnz]`` values in the order of ``indices``.
+            values: ``[nnz]`` real values in the order of ``indices``.
             dense_shape: ``(n_in, n_out)``.
             matmul: See :mod:`prune.kernels`.
             bias: Optional ``[n_out]`` initial bias.
             **layer_kwargs: Other constructor arguments (``activation``, ``name``...).
 
         Raises:
-            ValueError: naming the bad argument and value, before anything is built.
+            ValueError: naming the bad argument and the first bad entry (its
+                position and value): indices not integer, out of range or
+                duplicated, values not real or of another length, a bias of
+                another shape or given with ``use_bias=False``; before anything is built.
         """
         if len(tuple(dense_shape)) != 2:
             raise ValueError(f"dense_shape must be (n_in, n_out), got {dense_shape!r}")
         n_in, n_out = (int(d) for d in dense_shape)
         idx, vals = kernels.check_structure(indices, values, (n_in, n_out))
-        if bias is not None and np.shape(bias) != (n_out,):
-            raise ValueError(f"bias must have shape ({n_out},), got shape {np.shape(bias)}")
+        if bias is not None:
+            b = np.asarray(bias)
+            if b.shape != (n_out,):
+                raise ValueError(f"bias must have shape ({n_out},), got shape {b.shape}")
+            if not kernels.is_real_dtype(b.dtype):
+                raise ValueError(f"bias must be real numbers, got dtype {b.dtype}")
         layer = cls(n_out, matmul=matmul, **layer_kwargs)
+        if bias is not None and not layer.use_bias:
+            raise ValueError("bias was given but use_bias=False")
         layer._pending = (idx, vals)
         layer.build((None, n_in))
         if bias is not None:
-            if layer.bias is None:
-                raise ValueError("bias was given but use_bias=False")
             layer.bias.assign(np.asarray(bias))
         return layer
 
@@ -247,8 +284,9 @@ class SparseDense(keras.layers.Layer):
             **layer_kwargs: Other constructor arguments.
 
         Raises:
-            ValueError: ``weights`` not 2-D or holding NaN or inf (the pruning engine refuses
-                those too), ``mask`` of another shape or not binary; before anything is built.
+            ValueError: ``weights`` not 2-D, not real or holding NaN or inf (the pruning engine
+                refuses those too), ``mask`` of another shape or not binary, ``bias`` as in
+                :meth:`from_sparse`; before anything is built.
         """
         w = np.asarray(weights)
         if w.ndim != 2:
@@ -310,14 +348,25 @@ class SparseDense(keras.layers.Layer):
         idx = np.stack([flat // self.units, flat % self.units], 1)
         return idx, dense.reshape(-1)[flat]
 
-    def _set_structure(self, indices: np.ndarray, values: np.ndarray) -> bool:
-        """Install a validated, sorted structure; returns whether any backing variable was replaced."""
+    def _derived(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(transpose_perm, transpose_indices, native_structure)`` of validated, sorted ``indices``."""
         perm, t_idx = kernels.transpose_structure(indices, self.dense_shape)
+        return perm, t_idx.reshape(-1, 2), native.structure(indices, *self.dense_shape)
+
+    def _set_structure(
+        self, indices: np.ndarray, values: np.ndarray, derived: tuple[np.ndarray, ...] | None = None
+    ) -> bool:
+        """Install a validated, sorted structure; returns whether any backing variable was replaced.
+
+        The derived arrays (``derived``, else computed here from ``indices``) are
+        all computed before the first variable changes, so an error leaves the layer as it was.
+        """
+        perm, t_idx, structure = self._derived(indices) if derived is None else derived
         replaced = _make_dynamic(self.values, values)
         replaced |= _make_dynamic(self.indices, indices.astype(np.int64).reshape(-1, 2))
         replaced |= _make_dynamic(self.transpose_perm, perm)
-        replaced |= _make_dynamic(self.transpose_indices, t_idx.reshape(-1, 2))
-        replaced |= _make_dynamic(self.native_structure, native.structure(indices, *self.dense_shape))
+        replaced |= _make_dynamic(self.transpose_indices, t_idx)
+        replaced |= _make_dynamic(self.native_structure, structure)
         return replaced
 
     # -- forward ---------------------------------------------------------------
@@ -549,26 +598,156 @@ class SparseDense(keras.layers.Layer):
         with override_call(self, call):
             yield w_dense
 
+    # -- state from outside: set_weights and loading ------------------------------------
+    def _checked_state(
+        self, given: Sequence[tuple[Any, Any, str]], where: str, same_nnz: bool
+    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], list[tuple[Any, np.ndarray]]]:
+        """Validate arrays meant for this layer's variables, changing nothing.
+
+        Args:
+            given: ``(variable, array, label)`` for some or all of the layer's
+                own variables; ``values`` and ``indices`` are required, a missing
+                ``native_structure`` (files older than it) is fine.
+            where: Prefix of every error message (the operation, layer and file).
+            same_nnz: Require the current number of entries (``set_weights``,
+                whose arrays keep the variables' shapes, as Keras's does).
+
+        Returns:
+            ``(indices, values, derived, rest)``: the validated entries, the
+            derived arrays recomputed from them (for :meth:`_set_structure`),
+            and ``(variable, array)`` pairs for the bias and step counter.
+
+        Raises:
+            ValueError: ``where``, the label of the bad array and its first bad
+                entry or its shape.
+        """
+        by_var = {id(v): (np.asarray(a), label) for v, a, label in given}
+        rest: list[tuple[Any, np.ndarray]] = []
+        nnz = self.nnz
+        derived_vars = (self.transpose_perm, self.transpose_indices, self.native_structure)
+        for v, _, _ in given:
+            arr, label = by_var[id(v)]
+            if not kernels.is_real_dtype(arr.dtype):
+                raise ValueError(f"{where}: {label} must be real numbers, got dtype {arr.dtype}")
+            if v is self.native_structure:
+                if arr.ndim != 1:  # its length depends on the layout (a block section or none): any is fine
+                    raise ValueError(f"{where}: {label} must be 1-D, got shape {arr.shape}")
+            elif v is self.values or v is self.indices or any(v is d for d in derived_vars):
+                if same_nnz and arr.shape != tuple(v.shape):
+                    raise ValueError(
+                        f"{where}: {label} has shape {arr.shape}, expected {tuple(v.shape)} "
+                        f"(the layer holds {nnz} entries)"
+                    )
+            elif arr.shape != tuple(v.shape):
+                raise ValueError(f"{where}: {label} has shape {arr.shape}, expected {tuple(v.shape)}")
+            elif np.dtype(v.dtype).kind in "iu" and arr.dtype.kind not in "iu":
+                raise ValueError(f"{where}: {label} must be integers, got dtype {arr.dtype}")
+            else:
+                rest.append((v, arr.astype(v.dtype)))  # cast now: no assignment below can fail
+        (vals, values_label), (idx, indices_label) = by_var[id(self.values)], by_var[id(self.indices)]
+        try:
+            idx, vals = kernels.check_structure(
+                idx, vals, self.dense_shape, name=indices_label, require_sorted=True, values_name=values_label
+            )
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        vals = vals.astype(self.values.dtype)
+        for v, shape in ((self.transpose_perm, (len(idx),)), (self.transpose_indices, (len(idx), 2))):
+            if id(v) in by_var and by_var[id(v)][0].shape != shape:
+                arr, label = by_var[id(v)]
+                raise ValueError(
+                    f"{where}: {label} has shape {arr.shape}, expected {shape} for the {len(idx)} stored entries "
+                    "(its contents are ignored and recomputed from indices)"
+                )
+        try:
+            derived = self._derived(idx)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        return idx, vals, derived, rest
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """Set the layer's weights from arrays in ``get_weights()`` order, validated before anything changes.
+
+        The order is ``[v.name for v in layer.weights]``: ``values``, ``bias``
+        (when ``use_bias``), ``indices``, ``transpose_perm``,
+        ``transpose_indices``, ``pruning_step``, ``native_structure``; each
+        array has the shape of its variable (the number of entries does not
+        change here; ``native_structure`` may have any length).
+
+        ``values`` and ``indices`` are stored state, not construction input:
+        ``indices`` must be integer, in range and row-major sorted and unique,
+        and unsorted or duplicate entries are rejected (:meth:`from_sparse`
+        sorts them instead). The derived arrays ``transpose_perm``,
+        ``transpose_indices`` and ``native_structure`` are ignored (only their
+        shapes are checked) and recomputed from ``indices``.
+
+        Args:
+            weights: One array per variable, as ``get_weights()`` returns them.
+
+        Raises:
+            ValueError: naming the layer, the argument (``weights[i]``), the
+                weight and its first bad entry (position and value) or its
+                shape; raised before any variable changes.
+        """
+        if not self.built:
+            keras.layers.Layer.set_weights(self, weights)  # Keras's error: no weights to set yet
+            return
+        self._sync_shapes()
+        variables = self.weights
+        where = f"set_weights on SparseDense layer {self.name!r}"
+        weights = list(weights)
+        if len(weights) != len(variables):
+            raise ValueError(
+                f"{where}: expected {len(variables)} arrays ({', '.join(v.name for v in variables)}), got {len(weights)}"
+            )
+        given = [(v, w, f"weights[{i}] ({v.name!r})") for i, (v, w) in enumerate(zip(variables, weights))]
+        idx, vals, derived, rest = self._checked_state(given, where, same_nnz=True)
+        self._set_structure(idx, vals, derived)
+        for v, arr in rest:
+            v.assign(arr)
+
     # -- serialisation ---------------------------------------------------------------
     def save_own_variables(self, store: Any) -> None:
+        """Write the layer's variables to a Keras weights store (Keras's format, derived arrays included)."""
         keras.layers.Layer.save_own_variables(self, store)
 
     def load_own_variables(self, store: Any) -> None:
-        # Lengths may differ from the placeholder built from config (e.g. a
-        # checkpoint of another sparsity): reassign with the stored shapes.
+        """Load the layer's variables from a Keras weights store (``.keras``/``.weights.h5`` loading), validated.
+
+        The stored number of entries may differ from the placeholder built
+        from the config (e.g. a checkpoint of another sparsity). As in
+        :meth:`set_weights`, the stored ``indices`` must be integer, in range,
+        row-major sorted and unique (a file is stored state: it is rejected,
+        not re-sorted), ``values`` of the same length, and the bias and step
+        of their shapes. The stored ``transpose_perm``, ``transpose_indices``
+        (which must have ``nnz`` rows) and ``native_structure`` (absent from
+        files older than it) are ignored and recomputed from ``indices``.
+
+        Args:
+            store: The Keras store of this layer's variables, keyed ``"0"``,
+                ``"1"``... in ``save_own_variables`` order.
+
+        Raises:
+            ValueError: naming the layer, the file when the store knows it, the
+                weight (and its key in the store) and its first bad entry
+                (position and value) or its shape; raised before any variable
+                changes. Keras's loader reports it inside its own ValueError.
+        """
         all_vars = own_variables(self)
-        # Files saved before native_structure existed lack that last variable: it is derived, so rebuild it.
-        if len(store.keys()) not in (len(all_vars), len(all_vars) - 1):
-            raise ValueError(f"layer {self.name!r} expected {len(all_vars)} variables, the store has {len(store.keys())}")
-        for i, v in enumerate(all_vars[: len(store.keys())]):
-            value = np.asarray(store[str(i)])
-            structural = any(v is w for w in self._structural())
-            if structural and value.shape[1:] == tuple(v.shape[1:]):
-                _make_dynamic(v, value)
-            else:
-                v.assign(value)
-        # Derived from indices: rebuilt, so that files saved before it (or its block section) existed get it.
-        _make_dynamic(self.native_structure, native.structure(self.indices.numpy(), *self.dense_shape))
+        source = _store_source(store)
+        where = f"loading SparseDense layer {self.name!r}" + (f" from {source}" if source else "")
+        keys = len(store.keys())
+        # Files saved before native_structure existed lack that last variable: it is derived, so rebuilt anyway.
+        if keys not in (len(all_vars), len(all_vars) - 1):
+            raise ValueError(
+                f"{where}: expected {len(all_vars)} variables ({', '.join(v.name for v in all_vars)}), "
+                f"the store has {keys}"
+            )
+        given = [(v, store[str(i)], f"weight {v.name!r} (stored as {str(i)!r})") for i, v in enumerate(all_vars[:keys])]
+        idx, vals, derived, rest = self._checked_state(given, where, same_nnz=False)
+        self._set_structure(idx, vals, derived)
+        for v, arr in rest:
+            v.assign(arr)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
