@@ -581,38 +581,49 @@ void SmallScatter(OpKernelContext* ctx, const float* x, const Csr& m, const floa
   }
 }
 
+// Batches below one vector of rows: chunks of at most 8 rows (the widest SmallScatter
+// instantiated), each a complete SmallScatter of its own rows. A loop, not a recursion: the
+// recursion this replaced sent batch 8 on to a chunk of 0 rows, which its default case took
+// for another 8 and wrote past y with ever more negative batches (16-lane builds, issue 31).
 void SmallScatterAny(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, float* y) {
-  static_assert(kLanes <= 16, "SmallScatterAny dispatches batches below 16");
-  switch (batch) {
-    case 1: SmallScatter<1>(ctx, x, m, vals, y); break;
-    case 2: SmallScatter<2>(ctx, x, m, vals, y); break;
-    case 3: SmallScatter<3>(ctx, x, m, vals, y); break;
-    case 4: SmallScatter<4>(ctx, x, m, vals, y); break;
-    case 5: SmallScatter<5>(ctx, x, m, vals, y); break;
-    case 6: SmallScatter<6>(ctx, x, m, vals, y); break;
-    case 7: SmallScatter<7>(ctx, x, m, vals, y); break;
-    default:  // 8..15 (AVX-512 only): the first 8 rows, then the rest
-      SmallScatter<8>(ctx, x, m, vals, y);
-      SmallScatterAny(ctx, x + 8 * m.n_rows, batch - 8, m, vals, y + 8 * m.n_cols);
-      break;
+  static_assert(kLanes <= 16, "SmallScatterAny takes batches below 16");
+  for (int64_t b0 = 0; b0 < batch;) {
+    const int64_t n = std::min<int64_t>(8, batch - b0);
+    const float* xb = x + b0 * m.n_rows;
+    float* yb = y + b0 * m.n_cols;
+    switch (n) {
+      case 1: SmallScatter<1>(ctx, xb, m, vals, yb); break;
+      case 2: SmallScatter<2>(ctx, xb, m, vals, yb); break;
+      case 3: SmallScatter<3>(ctx, xb, m, vals, yb); break;
+      case 4: SmallScatter<4>(ctx, xb, m, vals, yb); break;
+      case 5: SmallScatter<5>(ctx, xb, m, vals, yb); break;
+      case 6: SmallScatter<6>(ctx, xb, m, vals, yb); break;
+      case 7: SmallScatter<7>(ctx, xb, m, vals, yb); break;
+      case 8: SmallScatter<8>(ctx, xb, m, vals, yb); break;
+    }
+    b0 += n;
   }
 }
 
+// As SmallScatterAny: chunks of at most 8 batch rows, each a complete SmallBatch.
 template <bool kPerm>
 void SmallGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, float* y) {
-  static_assert(kLanes <= 16, "SmallGather dispatches batches below 16");
-  switch (batch) {
-    case 1: SmallBatch<1, kPerm>(ctx, x, m, vals, y); break;
-    case 2: SmallBatch<2, kPerm>(ctx, x, m, vals, y); break;
-    case 3: SmallBatch<3, kPerm>(ctx, x, m, vals, y); break;
-    case 4: SmallBatch<4, kPerm>(ctx, x, m, vals, y); break;
-    case 5: SmallBatch<5, kPerm>(ctx, x, m, vals, y); break;
-    case 6: SmallBatch<6, kPerm>(ctx, x, m, vals, y); break;
-    case 7: SmallBatch<7, kPerm>(ctx, x, m, vals, y); break;
-    default:  // 8..15 (AVX-512 only): two passes over halves of the batch would need strided x; do 8 + rest
-      SmallBatch<8, kPerm>(ctx, x, m, vals, y);
-      SmallGather<kPerm>(ctx, x + 8 * m.n_cols, batch - 8, m, vals, y + 8 * m.n_rows);
-      break;
+  static_assert(kLanes <= 16, "SmallGather takes batches below 16");
+  for (int64_t b0 = 0; b0 < batch;) {
+    const int64_t n = std::min<int64_t>(8, batch - b0);
+    const float* xb = x + b0 * m.n_cols;
+    float* yb = y + b0 * m.n_rows;
+    switch (n) {
+      case 1: SmallBatch<1, kPerm>(ctx, xb, m, vals, yb); break;
+      case 2: SmallBatch<2, kPerm>(ctx, xb, m, vals, yb); break;
+      case 3: SmallBatch<3, kPerm>(ctx, xb, m, vals, yb); break;
+      case 4: SmallBatch<4, kPerm>(ctx, xb, m, vals, yb); break;
+      case 5: SmallBatch<5, kPerm>(ctx, xb, m, vals, yb); break;
+      case 6: SmallBatch<6, kPerm>(ctx, xb, m, vals, yb); break;
+      case 7: SmallBatch<7, kPerm>(ctx, xb, m, vals, yb); break;
+      case 8: SmallBatch<8, kPerm>(ctx, xb, m, vals, yb); break;
+    }
+    b0 += n;
   }
 }
 
