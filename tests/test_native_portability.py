@@ -1,5 +1,5 @@
 """The native kernels build for every common CPU: a compile matrix, an aarch64 cross compile, and
-the narrower vector paths (4 and 8 lanes) built on this machine and run against the dense reference.
+builds of every vector width (4, 8 and 16 lanes) made on this machine and run against the dense reference.
 
 The x86-64 targets compile here whatever this CPU is (g++ compiles for any ``-march=``), so the
 AVX-512 and AVX512-FP16 builds are checked on an AVX2 machine and the other way round. The
@@ -91,35 +91,57 @@ import json, sys
 import pytest
 from prune import native
 code = pytest.main(["-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_native.py", "tests/test_native_blocks.py",
-                    "-k", "matches_dense_reference or corrupt or path_is_the_one or block_ops"])
+                    "tests/test_native_batches.py",
+                    "-k", "matches_dense_reference or corrupt or path_is_the_one or block_ops or every_batch or fuzz "
+                          "or fit_at_batch"])
 st = native.status()
 print("STATUS " + json.dumps(dict(code=int(code), available=st.available, reason=st.reason, flags=st.flags,
                                   vector=st.vector, path=st.path)))
 """
 
-# Narrower builds than this CPU's own, selected with PRUNE_NATIVE_CXXFLAGS, each running the dense-reference,
-# corrupt-structure and proof-of-use tests: the 4-lane path is what aarch64 (NEON) and plain x86-64 compile,
-# the 8-lane path with the AVX2 register transposes and batch-1 gathers is what AVX2 CPUs run.
+# Builds of every vector width, selected with PRUNE_NATIVE_CXXFLAGS, each running the dense-reference, every-batch,
+# fuzz, corrupt-structure and proof-of-use tests, whatever this CPU's own width is. The width sets the batch
+# thresholds (the small-batch paths take batches below one vector; the tiles take up to four vectors of rows), so
+# each width runs batch logic the others never reach: batch 8 exactly crashed only 16-lane builds (issue 31).
+# - 4 lanes: what aarch64 (NEON) and plain x86-64 compile.
+# - 8 lanes: the AVX2 register transposes and batch-1 gathers where the CPU has AVX2 and FMA; else the same
+#   width on SSE2 (PRUNE_VEC_BYTES=32: GCC splits each 32-byte vector into two 16-byte ones).
+# - 16 lanes: what AVX-512 CPUs run, built for SSE2 with PRUNE_VEC_BYTES=64 so that it runs on any x86-64 CPU
+#   (the lane logic, not the AVX-512 intrinsics: those run where the CPU's own build is AVX-512).
 VARIANTS = {
     "sse2-4-lanes": ("-march=x86-64-v2", "sse2 (4 lanes)", None),
     "avx2-8-lanes": ("-march=haswell", "avx2+fma (8 lanes)", {"avx2", "fma"}),
+    "sse2-8-lanes": ("-march=x86-64-v2 -DPRUNE_VEC_BYTES=32", "sse2 (8 lanes)", "no avx2-8-lanes"),
+    "sse2-16-lanes": ("-march=x86-64-v2 -DPRUNE_VEC_BYTES=64", "sse2 (16 lanes)", None),
 }
+
+
+def _variants(cpu: set[str]) -> list[str]:
+    """The VARIANTS this CPU runs: one per width (the AVX2 8-lane build where it can, else the SSE2 one)."""
+    avx2 = VARIANTS["avx2-8-lanes"][2] <= cpu
+    return [name for name, (_, _, needs) in VARIANTS.items()
+            if needs is None or (needs == "no avx2-8-lanes" and not avx2) or (isinstance(needs, set) and avx2)]
+
+
+def test_every_width_runs_on_this_cpu():
+    names = _variants(set(native._cpu_isa().split()))
+    lanes = sorted(int(VARIANTS[n][1].split("(")[1].split()[0]) for n in names)
+    assert lanes == [4, 8, 16], names
+    assert "sse2-8-lanes" in _variants(set()) and "avx2-8-lanes" not in _variants(set())
 
 
 @pytest.mark.slow
 @needs_x86_gxx
-def test_narrower_vector_paths_match_the_dense_reference(tmp_path):
+def test_every_vector_width_matches_the_dense_reference(tmp_path):
     cpu = set(native._cpu_isa().split())
     procs = {}
-    for name, (flags, vector, needs) in VARIANTS.items():
-        if needs and not needs <= cpu:
-            continue
+    for name in _variants(cpu):
+        flags = VARIANTS[name][0]
         env = {k: v for k, v in os.environ.items() if k not in ("PRUNE_NATIVE", "CXX", "PYTEST_XDIST_WORKER")}
         env.update(PYTHONPATH=str(ROOT), PRUNE_NATIVE_CACHE=str(tmp_path / name), TF_CPP_MIN_LOG_LEVEL="3",
                    **{native.EXTRA_FLAGS_ENV: flags})
         procs[name] = subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)
-    assert procs, "this CPU runs neither narrower path"
     for name, proc in procs.items():
         out, _ = proc.communicate(timeout=900)
         lines = [ln for ln in out.splitlines() if ln.startswith("STATUS ")]
