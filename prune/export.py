@@ -44,7 +44,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["to_tflite", "tflite_interpreter", "run_tflite", "saved_model", "PORTABLE_MATMULS"]
+__all__ = ["to_tflite", "tflite_interpreter", "run_tflite", "saved_model", "load_saved_model", "PORTABLE_MATMULS"]
 
 PORTABLE_MATMULS = ("csr", "coo", "dense")
 """``SparseDense`` kernels built from TensorFlow's own ops (see :mod:`prune.kernels`)."""
@@ -188,3 +188,41 @@ def saved_model(model: Any, path: str | Path, *, portable: bool = False, portabl
     with _sparse_kernels(model, portable_matmul) if portable else contextlib.nullcontext():
         model.export(path, format="tf_saved_model", verbose=False)
     return path
+
+
+def load_saved_model(path: str | Path) -> Any:
+    """``tf.saved_model.load(path)``, with prune's native ops registered first when the model holds them.
+
+    Loads (building on first use) the native library before TensorFlow reads the graph, so a SavedModel
+    written by :func:`saved_model` with native ``SparseDense`` kernels loads in a fresh process.
+
+    Args:
+        path: A SavedModel directory.
+
+    Returns:
+        The loaded object (call ``.serve(x)``).
+
+    Raises:
+        RuntimeError: the SavedModel holds prune's native ops (``PruneSpmm``, ``PruneSddmm``) and they cannot
+            be loaded here; the message gives :func:`prune.native.status`'s reason (an unusable cache names
+            ``PRUNE_NATIVE_CACHE``) and the way out (``saved_model(..., portable=True)``).
+        ValueError: ``path`` is not a directory.
+    """
+    import tensorflow as tf
+
+    from prune import native
+
+    if not Path(path).is_dir():
+        raise ValueError(f"path must be a SavedModel directory, got {str(path)!r}")
+    native.load()
+    try:
+        return tf.saved_model.load(str(path))
+    except Exception as err:  # noqa: BLE001 - re-raised below, with the reason, when it is the missing native ops
+        text = str(err)
+        if "Op type not registered" not in text or "'Prune" not in text:
+            raise
+        raise RuntimeError(
+            f"the SavedModel {str(path)!r} holds prune's native ops, which are not available in this process "
+            f"({native.status().reason}); fix that, or export it with prune.export.saved_model(model, path, "
+            f"portable=True), which needs TensorFlow's ops only"
+        ) from err

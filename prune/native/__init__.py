@@ -29,7 +29,16 @@ and its version, the whole command (flags included) and the CPU's instruction
 set flags, so nodes of a cluster that share a home directory but not a CPU
 type get separate builds. Concurrent processes take an exclusive lock on
 ``<name>.lock`` before building; the library is written to a temporary file
-and renamed into place, so no process ever loads a half-written file.
+and renamed into place, then its size and SHA-256 go into ``<name>.json``
+beside it. A library is loaded only when that record matches it
+(:func:`verify`): a torn or foreign file under the library's name (a partial
+copy of a cache, a crash before the data reached the disk) would kill the
+process with SIGBUS inside ``dlopen``, so it is moved aside to
+``<name>.so.bad``, with a warning, and rebuilt; ``import prune`` never loads
+nor rebuilds it. A cache that cannot take a build (a file in its place, a
+read-only folder) is reported once, naming ``PRUNE_NATIVE_CACHE``
+(:func:`cache_problem`), also at import, when a SavedModel holding the ops
+could not load.
 
 Cache directory: ``$PRUNE_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/prune/native``
 (``~/.cache/prune/native``).
@@ -62,6 +71,7 @@ __all__ = [
     "build_attempts",
     "build_command",
     "cache_dir",
+    "cache_problem",
     "enabled",
     "extra_flags",
     "kernel_label",
@@ -72,6 +82,7 @@ __all__ = [
     "structure_tf",
     "target_flags",
     "vector_path",
+    "verify",
     "BLOCK_WIDTHS",
     "HEADERS",
     "block_width",
@@ -158,8 +169,17 @@ def _machine() -> str:
 
 
 def extra_flags() -> list[str]:
-    """Flags from ``$PRUNE_NATIVE_CXXFLAGS``, split as a shell would (empty when unset)."""
-    return shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))
+    """Flags from ``$PRUNE_NATIVE_CXXFLAGS``, split as a shell would (empty when unset).
+
+    Raises:
+        ValueError: the variable cannot be split (an unbalanced quote, a trailing backslash); the message names it.
+    """
+    value = os.environ.get(EXTRA_FLAGS_ENV, "")
+    try:
+        return shlex.split(value)
+    except ValueError as err:
+        raise ValueError(f"{EXTRA_FLAGS_ENV}={value!r} cannot be split into flags as a shell would ({err}); "
+                         f"fix or unset {EXTRA_FLAGS_ENV}") from None
 
 
 def _predefined_macros(cxx: str, flags: list[str]) -> set[str]:
@@ -242,24 +262,117 @@ def _library_name(cxx: str, isa: list[str]) -> str:
     return f"prune_sparse_ops-{key.hexdigest()[:20]}"
 
 
+def _digest(path: Path) -> tuple[int, str]:
+    """Size and SHA-256 of the file at ``path``."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return path.stat().st_size, h.hexdigest()
+
+
+def _record_path(lib: Path) -> Path:
+    return lib.with_suffix(".json")
+
+
+def verify(lib: str | os.PathLike[str]) -> str | None:
+    """Why the cached library at ``lib`` must not be loaded, or ``None`` when it is the file its build recorded.
+
+    Every build writes, after the library is in place, a record beside it (``<name>.json``: size and SHA-256).
+    A library without its record, or whose size or hash differ from it (a torn copy of a cache, a file cut
+    short by a crash before it reached the disk, a foreign file under the library's name), is refused: loading
+    such a file maps pages past its end, and the process dies with SIGBUS (issue 31).
+    """
+    import json
+
+    lib = Path(lib)
+    record = _record_path(lib)
+    try:
+        want = json.loads(record.read_text())
+        size, sha = int(want["size"]), str(want["sha256"])
+    except FileNotFoundError:
+        return f"no record of its build ({record.name})"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"its build record {record.name} is unreadable ({type(err).__name__}: {err})"
+    try:
+        got_size = lib.stat().st_size
+        if got_size != size:
+            return f"{got_size} bytes where its build wrote {size}"
+        if _digest(lib)[1] != sha:
+            return "its SHA-256 differs from the one its build recorded"
+    except OSError as err:
+        return f"it cannot be read ({type(err).__name__}: {err})"
+    return None
+
+
+def _write_record(lib: Path, size: int, sha: str) -> None:
+    """The build record, written after the library, atomically (a temporary file renamed into place)."""
+    import json
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f"{lib.stem}.", suffix=".tmp.json", dir=lib.parent)
+    os.fchmod(fd, 0o644)  # readable by whoever may load the library (mkstemp makes it 0600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"size": size, "sha256": sha}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, _record_path(lib))
+
+
+def _set_aside(lib: Path, why: str) -> None:
+    """Renames a refused library (and its record) out of the way, with a warning; the caller rebuilds."""
+    bad = lib.with_name(lib.name + ".bad")
+    os.replace(lib, bad)
+    record = _record_path(lib)
+    if record.exists():
+        os.replace(record, bad.with_name(record.name + ".bad"))
+    warnings.warn(f"prune: the cached native library {lib} was not loaded ({why}); it was moved to {bad.name} "
+                  f"and is rebuilt now", RuntimeWarning, stacklevel=4)
+
+
+def _unusable(directory: Path, err: OSError) -> RuntimeError:
+    return RuntimeError(f"the native build cache {directory} is not usable ({type(err).__name__}: {err}); "
+                        f"set PRUNE_NATIVE_CACHE to a writable directory")
+
+
 def _build_one(directory: Path, cxx: str, isa: list[str]) -> tuple[Path, bool]:
-    """Path of the library built with ``isa`` in ``directory``, compiling it if absent; and whether it was compiled now."""
+    """Path of the library built with ``isa`` in ``directory``, compiling it if absent; and whether it was compiled now.
+
+    A library already there is used only when :func:`verify` accepts it; else it is set aside and rebuilt.
+    """
     import fcntl  # the build machinery is imported at first use, never by ``import prune``
     import subprocess
     import tempfile
 
     name = _library_name(cxx, isa)
     lib, failed = directory / f"{name}.so", directory / f"{name}.failed"
-    if lib.exists():
+    refused = verify(lib) if lib.exists() else None
+    if lib.exists() and refused is None:  # no lock needed: a read-only cache that holds the library works
         return lib, False
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / f"{name}.lock", "w") as lock:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / f"{name}.lock", "w")
+    except OSError as err:
+        if refused is not None:
+            raise RuntimeError(f"{lib} was not loaded ({refused}), and the cache cannot take a rebuild "
+                               f"({type(err).__name__}: {err}); delete it, or set PRUNE_NATIVE_CACHE to a writable "
+                               f"directory") from None
+        raise _unusable(directory, err) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held until the file closes; another builder waits here
-        if lib.exists():  # built by another process while we waited
-            return lib, False
+        if lib.exists():  # built by another process while we waited, or refused above
+            why = verify(lib)
+            if why is None:
+                return lib, False
+            _set_aside(lib, why)
         if failed.exists():
             raise RuntimeError(f"an earlier build failed (compiler output in {failed}; delete it to retry)")
-        fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".tmp.so", dir=directory)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".tmp.so", dir=directory)
+        except OSError as err:
+            raise _unusable(directory, err) from None
         os.close(fd)
         try:
             command = build_command(cxx, tmp, isa)
@@ -268,7 +381,11 @@ def _build_one(directory: Path, cxx: str, isa: list[str]) -> tuple[Path, bool]:
                 failed.write_text(" ".join(command) + "\n\n" + proc.stdout + proc.stderr)
                 first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
                 raise RuntimeError(f"the build failed: {first} (full output in {failed})")
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())  # on disk before its name and record say it is there
+            size, sha = _digest(Path(tmp))
             os.replace(tmp, lib)  # atomic: readers see no file or the whole file
+            _write_record(lib, size, sha)  # after the library: a library without one is refused, never loaded
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -383,8 +500,41 @@ def load_if_built() -> Any | None:
         names = [_library_name(cxx, isa) for isa in build_attempts(cxx)]
     except Exception:  # noqa: BLE001 - a broken toolchain is load()'s to report, when someone asks for the kernels
         return None
-    if any((cache_dir() / f"{name}.so").exists() for name in names):
+    directory = cache_dir()
+    libs = [directory / f"{name}.so" for name in names]
+    if any(lib.exists() and verify(lib) is None for lib in libs):
         return load()
+    if not any(lib.exists() for lib in libs):
+        problem = cache_problem(directory)
+        if problem is not None:  # nothing to load, and nothing can be built there: say so once, now
+            reason = f"the native build cache {directory} is not usable ({problem}); set PRUNE_NATIVE_CACHE to a " \
+                     f"writable directory"
+            with _lock:
+                if "status" not in _state:
+                    _state["module"] = None
+                    _state["status"] = NativeStatus(False, reason)
+                    warnings.warn(f"prune: {reason}. SparseDense uses TensorFlow's kernels, and a SavedModel holding "
+                                  f"prune's native ops (PruneSpmm, PruneSddmm) cannot be loaded in this process",
+                                  RuntimeWarning, stacklevel=2)
+    return None  # a library that verify() refuses is load()'s to set aside and rebuild: importing never compiles
+
+
+def cache_problem(directory: str | os.PathLike[str] | None = None) -> str | None:
+    """Why the build cache cannot take a new library (a file in its place, a read-only or unwritable folder), or ``None``.
+
+    Args:
+        directory: The cache (default :func:`cache_dir`); the nearest existing folder on its path is checked.
+    """
+    path = Path(cache_dir() if directory is None else directory)
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
     return None
 
 
