@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast test-pythons bench figures notebooks clean
+.PHONY: setup demo test test-fast test-native-asan test-pythons bench figures notebooks clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ TEST_ARGS := -q -n $(TEST_WORKERS) --dist worksteal
 
 test: $(STAMP)
 	$(PY) -m pytest $(TEST_ARGS)
+
+# The native kernels' tests under AddressSanitizer and UBSan: this CPU's own build and the portable 16-lane build,
+# then a canary (an overrunning copy of the source must be caught). About 2-4 min on 2 cores; .ci/run runs it.
+test-native-asan: $(STAMP)
+	$(PY) tests/native_asan.py
 
 # The inner loop: everything but the tests marked slow (multi-process sweeps).
 test-fast: $(STAMP)
