@@ -91,7 +91,8 @@ def main() -> int:
     if platform.machine().lower() in ("x86_64", "amd64"):
         builds["sse2-16-lanes"] = f"-march=x86-64-v2 -DPRUNE_VEC_BYTES=64 {SANITIZE}"
     failed = []
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *TESTS, "-k", SELECT]
+    # -s: a sanitizer report ends the process, and pytest's captured output would go with it
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-n", "0", "-p", "no:cacheprovider", *TESTS, "-k", SELECT]
     start = time.monotonic()
     procs = {name: subprocess.Popen(cmd, env=environment(root / name, flags, preload), cwd=ROOT, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
