@@ -115,7 +115,7 @@ def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str):
     from experiments.data import load
     from experiments.implementations import masked_model
     from experiments.models import seeded_model
-    from experiments.train import steps_per_epoch
+    from experiments.steps import steps_per_epoch
 
     folder = results / sweep / "runs" / run_id
     run = _sweep_runs(configs / f"{sweep}.toml")[run_id]

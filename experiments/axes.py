@@ -7,8 +7,8 @@ and imported only when a run needs it, :func:`experiments.registry.resolve`).
 registries; :mod:`experiments.data`, :mod:`experiments.models`,
 :mod:`experiments.implementations` and :mod:`experiments.run_one` dispatch
 through them. Nothing here imports TensorFlow or Keras, and of the runner only
-:mod:`experiments.registry` and :mod:`experiments.library_names` (the library's
-names, and :mod:`prune.imp` without TensorFlow), so the runner's main process
+:mod:`experiments.registry`, :mod:`experiments.library_names` (the library's
+names, and :mod:`prune.imp` without TensorFlow) and :mod:`experiments.steps`, so the runner's main process
 and the tfmot process can read it, and no import circles back here.
 
 A new dataset, model, implementation or method is one function (or file) plus
@@ -386,7 +386,7 @@ def _check_imp_steps(run: Run, n_train: Callable[[], int]) -> None:
     k = run.method.params.rewind_step
     if k <= run.training.epochs:  # every epoch has at least one step: no need to load the data
         return
-    from experiments.train import steps_per_epoch
+    from experiments.steps import steps_per_epoch
 
     n = n_train()
     total = run.training.epochs * steps_per_epoch(n, run.training.batch_size)

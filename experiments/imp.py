@@ -50,9 +50,10 @@ from experiments.data import Data
 from experiments.library_names import IMP_SCOPES
 from experiments.library_names import imp as _imp
 from experiments.models import seeded_model
+from experiments.steps import steps_per_epoch
 from experiments.store import atomic_write
 from experiments.tables import LEVEL_COLUMNS, TableError, levels_text, read_level
-from experiments.train import Diverged, TrainResult, make_optimizer, measure_keras3, steps_per_epoch, train
+from experiments.train import Diverged, TrainResult, make_optimizer, measure_keras3, train
 
 __all__ = ["ImpParams", "CONTROLS", "VARIANTS", "LEVEL_COLUMNS", "FileLevelStore", "train_imp", "train_method", "level_seed"]
 

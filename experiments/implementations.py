@@ -55,7 +55,8 @@ from experiments.library_names import GRADIENT_CRITERIA
 from experiments.data import Data
 from experiments.models import seeded_model
 from experiments.registry import resolve
-from experiments.train import make_optimizer, measure_keras3, steps_per_epoch, train
+from experiments.steps import steps_per_epoch
+from experiments.train import make_optimizer, measure_keras3, train
 
 __all__ = [
     "train_keras3",

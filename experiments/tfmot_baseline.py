@@ -27,7 +27,8 @@ from experiments.config import RunConfig
 from experiments.data import Data
 from experiments.models import seeded_model
 from experiments.run_one import ensure_legacy_keras
-from experiments.train import make_optimizer, run_outcome, steps_per_epoch, train, weight_report
+from experiments.steps import steps_per_epoch
+from experiments.train import make_optimizer, run_outcome, train, weight_report
 
 __all__ = ["ensure_legacy_keras", "train_tfmot", "tfmot_schedule", "main"]
 

@@ -56,7 +56,6 @@ __all__ = [
     "measure_keras3",
     "weight_report",
     "REPORT_COLUMNS",
-    "steps_per_epoch",
     "current_batch",
 ]
 
@@ -89,11 +88,6 @@ def _nonfinite_weight(model: Any) -> str | None:
         if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
             return getattr(w, "path", None) or w.name
     return None
-
-
-def steps_per_epoch(n_train: int, batch_size: int) -> int:
-    """Number of optimizer steps per epoch (the last batch may be short)."""
-    return max(1, math.ceil(n_train / batch_size))
 
 
 def make_optimizer(config: TrainingConfig, keras: Any) -> Any:

@@ -49,7 +49,7 @@ def _step0_zeros(run: RunConfig, data, criterion: str) -> list[np.ndarray]:
     import prune
     from experiments.implementations import gradient_batch, library_schedule, pruning_kwargs
     from experiments.models import seeded_model
-    from experiments.train import steps_per_epoch
+    from experiments.steps import steps_per_epoch
 
     run = dataclasses.replace(run, implementation=ImplementationConfig("masked"), criterion=criterion)
     plain, _ = seeded_model(run, data, keras)
