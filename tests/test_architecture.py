@@ -1,4 +1,5 @@
-"""The code base's shape: no import circle, private Keras access in one module, a TensorFlow-free engine.
+"""The code base's shape: no import circle, imports one way (benchmarks -> experiments -> prune), private Keras
+access in one module, a TensorFlow-free engine.
 
 Static checks over the source (``ast``), so they hold for every module whether a test imports it or not.
 """
@@ -13,21 +14,24 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["prune"]
+PACKAGES = ["prune", "experiments"]
+LAYERS = ["prune", "experiments", "benchmarks"]
+"""From the bottom: a module may import its own layer and those below it, never one above."""
 
 
-def _modules(package: str) -> dict[str, Path]:
+def _modules(package: str, root: Path = ROOT) -> dict[str, Path]:
     out = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = path
     return out
 
 
-def _imports(name: str, path: Path, known: set[str], lazy: bool) -> set[str]:
-    """Modules of ``known`` that ``name`` imports: at import time (top-level statements), or anywhere (``lazy``)."""
+def _imports(name: str, path: Path, known: set[str] | None, lazy: bool) -> set[str]:
+    """Modules of ``known`` (every module if ``None``) that ``name`` imports: at import time (top-level statements),
+    or anywhere (``lazy``)."""
     tree = ast.parse(path.read_text())
     found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -48,7 +52,7 @@ def _imports(name: str, path: Path, known: set[str], lazy: bool) -> set[str]:
                 visit(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
 
     visit(list(ast.walk(tree)) if lazy else tree.body)
-    return {m for m in found if m in known and m != name}
+    return {m for m in found if (known is None or m in known) and m != name}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -86,24 +90,67 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _graph(lazy: bool) -> dict[str, set[str]]:
-    modules = {n: p for pkg in PACKAGES for n, p in _modules(pkg).items()}
+def _graph(lazy: bool, packages: list[str] = PACKAGES, root: Path = ROOT) -> dict[str, set[str]]:
+    modules = {n: p for pkg in packages for n, p in _modules(pkg, root).items()}
     graph = {}
     for name, path in modules.items():
         deps = _imports(name, path, set(modules), lazy)
         # importing a submodule runs its parent packages first: a package and its modules are not a circle
-        graph[name] = {d for d in deps if not name.startswith(d + ".") and d not in PACKAGES}
+        graph[name] = {d for d in deps if not name.startswith(d + ".") and d not in packages}
     return graph
 
 
-def test_no_import_circle_even_through_lazy_imports():
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circle_even_through_lazy_imports(package):
     """No module needs, at import time or later in a function, a module that needs it back."""
-    assert _cycles(_graph(lazy=False)) == []
+    assert _cycles(_graph(lazy=False, packages=[package])) == []
+    assert _cycles(_graph(lazy=True, packages=[package])) == []
+
+
+def test_no_import_circle_across_the_packages():
     assert _cycles(_graph(lazy=True)) == []
 
 
 def test_the_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_graph_finds_a_circle_closed_by_a_lazy_import(tmp_path):
+    """The shape of ``experiments``' old circle: config -> axes at import time, axes -> train in a function, train ->
+    config at import time; only the lazy graph sees it."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("from pkg import axes\n")
+    (pkg / "axes.py").write_text("def check():\n    from pkg.train import steps\n")
+    (pkg / "train.py").write_text("from pkg.config import RunConfig\n")
+    assert _cycles(_graph(lazy=False, packages=["pkg"], root=tmp_path)) == []
+    assert _cycles(_graph(lazy=True, packages=["pkg"], root=tmp_path)) == [["pkg.axes", "pkg.config", "pkg.train"]]
+
+
+def _upward_imports(layers: list[str] = LAYERS, root: Path = ROOT) -> list[str]:
+    rank = {layer: i for i, layer in enumerate(layers)}
+    out = []
+    for layer in layers:
+        for name, path in _modules(layer, root).items():
+            for dep in sorted(_imports(name, path, None, lazy=True)):
+                if rank.get(dep.split(".")[0], -1) > rank[layer]:
+                    out.append(f"{path.relative_to(root)} imports {dep}")
+    return out
+
+
+def test_imports_run_one_way_benchmarks_experiments_prune():
+    """``prune`` imports neither ``experiments`` nor ``benchmarks``, ``experiments`` does not import ``benchmarks``,
+    not even inside a function."""
+    assert _upward_imports() == []
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    for layer, code in [("low", "def f():\n    import high.b\n"), ("high", "import low\n")]:
+        (tmp_path / layer).mkdir()
+        (tmp_path / layer / "__init__.py").write_text("")
+        (tmp_path / layer / ("a.py" if layer == "low" else "b.py")).write_text(code)
+    assert _upward_imports(["low", "high"], tmp_path) == ["low/a.py imports high.b"]
 
 
 def _private_names_of_internals() -> set[str]:
