@@ -42,13 +42,14 @@ from prune.scoring import ScoreContext, criteria, register_criterion
 __version__ = "0.1.0"
 
 _KERAS_SIDE = {
-    "prune.dst": ["DynamicSparsity", "dense_gradients", "sparse_init"],
+    "prune.dst": ["DynamicSparsity", "sparse_init"],
+    "prune.gradients": ["compute_gradients", "dense_gradients"],
     "prune.convert": ["ConversionWarning", "convert", "unconvertible_layers"],
     "prune.api": ["is_pruned", "prune_low_magnitude", "strip_pruning", "unsupported_layers"],
     "prune.freezing": ["CapRowNorm", "DropRows", "FrozenEntries", "LazyAdam", "entry_stop_gradients", "freeze_entries",
                        "transform_slices"],
     "prune.layers.masked": ["PrunableLayer", "PruneLowMagnitude"],
-    "prune.pruning": ["compute_gradients", "get_step", "prunable_layers", "update_masks"],
+    "prune.pruning": ["get_step", "prunable_layers", "update_masks"],
     "prune.registry": ["register_prunable"],
     "prune.report": ["sparsity_report"],
     "prune.shrink": ["shrink", "shrink_report"],

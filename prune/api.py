@@ -23,7 +23,6 @@ import keras
 import numpy as np
 
 from prune._internals import has_sublayers, input_shape_arg, layer_tracker
-from prune import masks as _masks
 from prune.layers.masked import (
     PrunableLayer,
     PruneLowMagnitude,
@@ -38,6 +37,7 @@ from prune.patterns import pattern_from_args
 from prune.pruning import prunable_layers
 from prune.policy import PruningPolicy
 from prune.registry import keeps_dense, masked_class_for, unsupported
+from prune.scoring import get_criterion
 from prune.schedules import ConstantSparsity, as_schedule
 
 __all__ = ["prune_low_magnitude", "strip_pruning", "is_pruned", "unsupported_layers"]
@@ -348,7 +348,7 @@ def prune_low_magnitude(
             argument, or an unprunable layer; before anything is built.
     """
     schedule = as_schedule(ConstantSparsity(0.5, 0) if pruning_schedule is None else pruning_schedule)
-    _masks.get_criterion(criterion)
+    get_criterion(criterion)
     get_distribution(scope)
     pattern = pattern_from_args(pattern, block_size, block_pooling_type, sparsity_m_by_n)
     check_pruning_args(pattern, criterion, scope, seed)

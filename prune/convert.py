@@ -42,7 +42,7 @@ from prune.api import _clone_layer, _convert, _to_masked, _to_plain
 from prune.kernels import check_matmul
 from prune.layers.masked import MaskedDense, PrunableLayer
 from prune.layers.sparse import SparseDense
-from prune.pruning import iter_layers
+from prune.targets import iter_layers
 from prune.registry import masked_class_for
 
 __all__ = ["convert", "unconvertible_layers", "ConversionWarning", "TARGETS"]

@@ -365,12 +365,12 @@ def train_levels(
             that level is trained or anything after it is written.
         TicketDiverged: a level's ticket diverged (the level is stored).
     """
-    from prune import lottery
+    from prune import distributions, lottery
 
     if not isinstance(params, ImpParams):
         raise TypeError(f"params must be an ImpParams, got {type(params).__name__}")
-    if scope not in lottery.SCOPES:
-        raise ValueError(f"scope must be one of {list(lottery.SCOPES)}, got {scope!r}")
+    if scope not in distributions.distributions():
+        raise ValueError(f"scope must be one of {distributions.distributions()}, got {scope!r}")
     run = _Run(build, fit, seed, log)
     rows: list[dict[str, Any]] = []
     path = lottery.sparsity_path(target, params.rate, params.stops)

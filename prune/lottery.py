@@ -63,7 +63,6 @@ from prune.scoring import ScoreContext, get_criterion
 from prune.targets import MaskTarget, iter_layers, require_targets
 
 __all__ = [
-    "SCOPES",
     "next_sparsity",
     "sparsity_path",
     "snapshot",
@@ -158,12 +157,6 @@ def sparsity_path(target: float, rate: float, stops: Iterable[float] = ()) -> li
 
 
 # -- the masked weights ------------------------------------------------------------------
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SCOPES":  # the former tuple: every registered distribution (prune.distributions)
-        return tuple(_dist.distributions())
-    raise AttributeError(f"module 'prune.lottery' has no attribute {name!r}")
 
 
 def _targets(model: Any, what: str) -> list[MaskTarget]:

@@ -1,9 +1,9 @@
 """Mask selection: exact top-k masks, per-layer and global scope, mask validation.
 
 Everything here is NumPy on host arrays, separate from the Keras plumbing, so
-it can be tested exactly on tiny inputs. Criteria live in :mod:`prune.scoring`
-(re-exported here), patterns in :mod:`prune.patterns`, distributions across
-weights in :mod:`prune.distributions`.
+it can be tested exactly on tiny inputs. Criteria live in :mod:`prune.scoring`,
+patterns in :mod:`prune.patterns`, distributions across weights in
+:mod:`prune.distributions`.
 
 Rules, shared by every criterion, pattern and scope:
 
@@ -26,15 +26,9 @@ from typing import Mapping
 
 import numpy as np
 
-from prune.scoring import Criterion, ScoreContext, criteria, get_criterion, register_criterion
 from prune.patterns import Pattern, Unstructured, prune_lowest
 
 __all__ = [
-    "ScoreContext",
-    "Criterion",
-    "register_criterion",
-    "get_criterion",
-    "criteria",
     "num_zeros",
     "topk_mask",
     "layer_masks",

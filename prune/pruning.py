@@ -29,22 +29,20 @@ from typing import Any, Mapping
 import numpy as np
 
 from prune import distributions as _dist
-from prune.gradients import compute_gradients
 from prune.notices import PruningWarning
 from prune.scoring import ScoreContext, get_criterion
 from prune.optimizer_state import slots_for
 from prune.patterns import Pattern
-from prune.targets import MaskTarget, iter_layers, mask_targets
+from prune import targets as _targets
+from prune.targets import MaskTarget, mask_targets
 
 __all__ = [
     "PruningEntry",
     "MaskUpdate",
-    "iter_layers",
     "prunable_layers",
     "prunable_entries",
     "stepped_layers",
     "update_masks",
-    "compute_gradients",
     "get_step",
 ]
 
@@ -113,7 +111,7 @@ def prunable_layers(model: Any) -> list[Any]:
     """The masked layers (:class:`prune.layers.PrunableLayer` with masks) in ``model``."""
     from prune.layers.masked import is_masked_layer
 
-    return [layer for layer in iter_layers(model) if is_masked_layer(layer)]
+    return [layer for layer in _targets.iter_layers(model) if is_masked_layer(layer)]
 
 
 def prunable_entries(model: Any) -> list[PruningEntry]:
@@ -127,7 +125,7 @@ def prunable_entries(model: Any) -> list[PruningEntry]:
 
 def stepped_layers(model: Any) -> list[Any]:
     """Layers that keep a ``pruning_step`` counter: masked layers and ``SparseDense``."""
-    return [layer for layer in iter_layers(model) if getattr(type(layer), "keeps_pruning_step", False)]
+    return [layer for layer in _targets.iter_layers(model) if getattr(type(layer), "keeps_pruning_step", False)]
 
 
 def get_step(model: Any) -> int:
@@ -197,7 +195,7 @@ def update_masks(
         step: The training step about to run.
         optimizer: Its slots for newly pruned entries are zeroed (or shrunk).
         gradients: ``{"layer/weight": gradient}`` (dense views), e.g. from
-            :func:`compute_gradients`, for criteria that need gradients.
+            :func:`prune.compute_gradients`, for criteria that need gradients.
 
     Returns:
         The keys updated, a list with a ``retrace`` attribute.

@@ -9,7 +9,7 @@ import pandas as pd
 
 from prune.counting import REPORT_COLUMNS, applications, weight_row
 from prune.layers.masked import is_masked_layer
-from prune.pruning import iter_layers
+from prune.targets import iter_layers
 from prune.registry import unsupported
 
 __all__ = ["sparsity_report", "REPORT_COLUMNS"]

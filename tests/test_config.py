@@ -384,7 +384,7 @@ def test_library_names_equal_the_library_registries():
     gradient = {c for c in scoring.criteria() if "gradient" in scoring.get_criterion(c).needs}
     assert set(library_names.GRADIENT_CRITERIA) == gradient
     assert list(library_names.DISTRIBUTIONS) == distributions.distributions()
-    assert set(library_names.IMP_SCOPES) <= set(lottery.SCOPES)  # the runner's IMP runs with these
+    assert set(library_names.IMP_SCOPES) <= set(distributions.distributions())  # the runner's IMP runs with these
     assert tuple(library_names.DST_METHODS) == dst.METHODS
     assert set(library_names.DST_DISTRIBUTION.values()) == set(dst.DISTRIBUTIONS) == {"layer", "erk"}
     assert library_names.PATTERN_CLASSES == tuple(patterns.patterns())

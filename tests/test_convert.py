@@ -50,7 +50,7 @@ BUILDERS = {"sequential": sequential, "functional": functional, "subclassed": su
 
 
 def _kernel_layers(model):
-    return [l for l in prune.pruning.iter_layers(model) if isinstance(l, (keras.layers.Dense, SparseDense))]
+    return [l for l in prune.targets.iter_layers(model) if isinstance(l, (keras.layers.Dense, SparseDense))]
 
 
 def _masks(model):

@@ -75,7 +75,7 @@ def test_random_criterion_is_seeded():
 
 def test_unknown_criterion_lists_valid():
     with pytest.raises(ValueError, match=r"unknown criterion 'l3'.*magnitude.*random"):
-        masks.get_criterion("l3")
+        scoring.get_criterion("l3")
 
 
 def test_unknown_scope():

@@ -46,6 +46,7 @@ from prune.optimizer_state import zero_slot_entries
 from prune.patterns import Pattern, as_pattern, serialize_pattern
 from prune.targets import MaskTarget
 from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
+from prune.scoring import get_criterion
 
 __all__ = [
     "PrunableLayer",
@@ -257,7 +258,7 @@ def check_pruning_args(pattern: Any, criterion: str, scope: str, seed: Any) -> P
         ValueError: naming the argument and the value.
     """
     pattern = as_pattern(pattern)
-    _masks.get_criterion(criterion)
+    get_criterion(criterion)
     dist = get_distribution(scope)
     if not pattern.has_units and not dist.structured:
         raise ValueError(f"pattern {pattern!r} fixes the sparsity of every group and needs scope='layer', got scope={scope!r}")
