@@ -14,8 +14,10 @@ already built for this machine is loaded (a saved graph holding its ops
 loads); see :mod:`prune._lazy`.
 
 ``import prune`` never imports tensorflow_model_optimization: importing tfmot
-sets ``TF_USE_LEGACY_KERAS=1`` for the whole process. tfmot is only touched in
-:mod:`prune.interop`, lazily, and its baseline runs in a separate process.
+sets ``TF_USE_LEGACY_KERAS=1`` for the whole process. No module of ``prune``
+imports it (tfmot's schedules are accepted by duck typing); only the experiment
+runner's baseline, ``experiments/tfmot_baseline.py``, does, in a process of
+its own.
 
 ``import prune`` sets ``TF_ENABLE_ONEDNN_SPMM=1`` unless it is already set.
 TensorFlow then runs ``SparseMatrixMatMul`` (the CSR kernel of

@@ -24,7 +24,7 @@ from prune.layers.masked import (
     is_masked_layer,
 )
 
-__all__ = ["register_prunable", "masked_class_for", "prunable_classes", "unsupported", "keeps_dense"]
+__all__ = ["register_prunable", "masked_class_for", "unsupported", "keeps_dense"]
 
 _PRUNABLE: dict[type, type] = {
     keras.layers.Dense: MaskedDense,
@@ -126,7 +126,3 @@ def unsupported(model: Any) -> list[tuple[Any, list[Any]]]:
             out.append((layer, weights))
     return out
 
-
-def prunable_classes() -> list[str]:
-    """Names of the registered prunable layer classes."""
-    return sorted(c.__name__ for c in _PRUNABLE)

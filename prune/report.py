@@ -14,7 +14,6 @@ from prune.registry import unsupported
 
 __all__ = ["sparsity_report", "REPORT_COLUMNS"]
 
-_applications = applications  # the former private name
 
 def sparsity_report(model: Any) -> pd.DataFrame:
     """One row per prunable weight, and one per weight of an unsupported layer.

@@ -19,7 +19,7 @@ import functools
 import math
 import sys
 import warnings
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,13 +35,6 @@ __all__ = [
     "register_schedule",
     "schedule_from_config",
 ]
-
-
-@runtime_checkable
-class ScheduleLike(Protocol):
-    """Anything called as ``schedule(step) -> (should_update, sparsity)``."""
-
-    def __call__(self, step: Any) -> tuple[Any, Any]: ...
 
 
 def _check_sparsity(name: str, value: Any) -> float:

@@ -358,10 +358,6 @@ def install_mask(weight: Any, mask_var: Any, keep: np.ndarray, optimizer: Any = 
     return False
 
 
-apply_mask = install_mask
-"""The former name of :func:`install_mask` (same behaviour for masks that shrink)."""
-
-
 @contextlib.contextmanager
 def _unmasked(weight: Any, mask_var: Any) -> Iterator[Any]:
     """The masks set to ones for one forward pass: the weight's gradient is then the dense gradient.
