@@ -169,7 +169,7 @@ def load_sweep_with_diverged(
 
     Returns:
         ``(runs, curves, diverged)``: the finished runs with a test accuracy, tidied by
-        :func:`experiments.plotting.tidy_runs`, and the curves of those runs
+        :func:`experiments.plots.style.tidy_runs`, and the curves of those runs
         sorted by run, metric and epoch, and the runs with status
         ``diverged`` (same columns), which are kept out of every mean.
         Optional columns a table lacks (``step_time_ms``, latencies, FLOPs;
@@ -181,7 +181,7 @@ def load_sweep_with_diverged(
             missing, not text or damaged where nothing restores it (naming the
             file, line and column), a table lacks columns, or no run finished.
     """
-    from experiments.plotting import tidy_runs
+    from experiments.plots.style import tidy_runs
 
     folder = _sweep_folder(sweep, results_root)
     runs_path = folder / "runs.csv"
@@ -191,7 +191,7 @@ def load_sweep_with_diverged(
             runs[col] = pd.to_numeric(runs[col], errors="coerce")
         elif col not in ("target_sparsity", "seed", "test_accuracy"):  # optional: its figure is skipped
             runs[col] = float("nan")
-    from experiments.plotting import AXIS_DEFAULTS
+    from experiments.plots.patterns import AXIS_DEFAULTS
 
     for col, default in AXIS_DEFAULTS.items():  # a table from before the pruning axes: the defaults it ran with
         if col not in runs.columns:
@@ -257,7 +257,7 @@ def main_table(runs: pd.DataFrame, diverged: pd.DataFrame | None = None) -> pd.D
         step time / mean dense), ``latency_b1_ms_mean``/``_std``,
         ``latency_b256_ms_mean``/``_std`` and ``seeds``; dense first.
     """
-    from experiments.plotting import aggregate
+    from experiments.plots.style import aggregate
 
     acc = aggregate(runs, "test_accuracy")
     table = acc[["label", "target"]].copy()
@@ -309,7 +309,7 @@ def _latex(table: pd.DataFrame, caption: str) -> str:
 
 def render(fig: Figure, fmt: str) -> bytes:
     """The bytes of ``fig`` saved as ``fmt`` (``png`` or ``pdf``) with pinned metadata, in the project style."""
-    from experiments.plotting import use_style
+    from experiments.plots.style import use_style
 
     if fmt not in ("png", "pdf"):
         raise ValueError(f"fmt must be 'png' or 'pdf', got {fmt!r}")
@@ -361,7 +361,17 @@ def draw_figures(
         ValueError: bad input (see :func:`load_sweep`; ``out`` is a file;
             ``curve_sparsity`` not in the sweep); nothing is written then.
     """
-    from experiments import plotting
+    from experiments.plots.layer_speed import layer_speedups, plot_layer_speedup
+    from experiments.plots.methods import varies_method
+    from experiments.plots.paper import (
+        plot_accuracy_curves,
+        plot_accuracy_vs_flops,
+        plot_accuracy_vs_sparsity,
+        plot_latency_vs_sparsity,
+        plot_step_time_vs_sparsity,
+    )
+    from experiments.plots.patterns import plot_accuracy_by_pattern, varies_pruning_axes
+    from experiments.plots.tradeoff import accuracy_vs_latency
 
     runs, curves, diverged_all = load_sweep_with_diverged(sweep, results_root, notes)
     out_dir = Path(out) if out is not None else Path(results_root) / sweep / "figures"
@@ -386,8 +396,8 @@ def draw_figures(
             files[f"{name}.{fmt}"] = render(fig, fmt)
 
     pairs = runs[["dataset", "model"]].drop_duplicates().sort_values(["dataset", "model"]).values.tolist()
-    methods_sweep = plotting.varies_method(runs)
-    axes_sweep = plotting.varies_pruning_axes(runs) and not methods_sweep
+    methods_sweep = varies_method(runs)
+    axes_sweep = varies_pruning_axes(runs) and not methods_sweep
     for dataset, model in pairs:
         sub = runs[(runs["dataset"] == dataset) & (runs["model"] == model)].reset_index(drop=True)
         sfx = f"_{dataset}_{model}" if len(pairs) > 1 else ""
@@ -395,33 +405,33 @@ def draw_figures(
             _add_method_figures(add, sub, Path(results_root) / sweep / "runs", sfx, notes)
             continue
         if axes_sweep:
-            add(f"accuracy_by_pattern{sfx}", lambda: plotting.plot_accuracy_by_pattern(sub))
+            add(f"accuracy_by_pattern{sfx}", lambda: plot_accuracy_by_pattern(sub))
             continue
         s = _choose_curve_sparsity(sub, curve_sparsity)
         div = None
         if not diverged_all.empty:
             div = diverged_all[(diverged_all["dataset"] == dataset) & (diverged_all["model"] == model)]
-        add(f"accuracy_vs_sparsity{sfx}", lambda: plotting.plot_accuracy_vs_sparsity(sub, diverged=div))
-        add(f"step_time_vs_sparsity{sfx}", lambda: plotting.plot_step_time_vs_sparsity(sub))
-        add(f"latency_vs_sparsity{sfx}", lambda: plotting.plot_latency_vs_sparsity(sub), ("latency_b1_ms", "latency_b256_ms"))
-        add(f"accuracy_vs_flops{sfx}", lambda: plotting.plot_accuracy_vs_flops(sub), ("nonzero_flops",))
-        add(f"accuracy_curves{sfx}", lambda: plotting.plot_accuracy_curves(sub, curves, s))
+        add(f"accuracy_vs_sparsity{sfx}", lambda: plot_accuracy_vs_sparsity(sub, diverged=div))
+        add(f"step_time_vs_sparsity{sfx}", lambda: plot_step_time_vs_sparsity(sub))
+        add(f"latency_vs_sparsity{sfx}", lambda: plot_latency_vs_sparsity(sub), ("latency_b1_ms", "latency_b256_ms"))
+        add(f"accuracy_vs_flops{sfx}", lambda: plot_accuracy_vs_flops(sub), ("nonzero_flops",))
+        add(f"accuracy_curves{sfx}", lambda: plot_accuracy_curves(sub, curves, s))
         caption = (
             f"{model} on {dataset} (sweep {sweep}): test accuracy and speed, mean $\\pm$ std over seeds. "
             "Step time is the median training step relative to the mean dense step."
         ).replace("_", r"\_")
         files[f"main_table{sfx}.tex"] = _latex(main_table(sub, div), caption).encode()
     if bench is not None and not axes_sweep and not methods_sweep:
-        speed = plotting.layer_speedups(bench)
+        speed = layer_speedups(bench)
         for n_in, n_out, mode in speed[["n_in", "n_out", "mode"]].drop_duplicates().values.tolist():
             add(
                 f"layer_speedup_{n_in}x{n_out}_{mode}",
-                lambda n_in=n_in, n_out=n_out, mode=mode: plotting.plot_layer_speedup(speed, n_in, n_out, mode),
+                lambda n_in=n_in, n_out=n_out, mode=mode: plot_layer_speedup(speed, n_in, n_out, mode),
             )
 
     latency = Path(results_root) / sweep / "latency.csv"
     if latency.is_file():  # benchmarks/deployed_latency.py's table: accuracy against measured latency
-        add("accuracy_vs_latency", lambda: plotting.accuracy_vs_latency(pd.read_csv(latency)))
+        add("accuracy_vs_latency", lambda: accuracy_vs_latency(pd.read_csv(latency)))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -490,7 +500,7 @@ def _add_method_figures(
     add: Callable[..., None], runs: pd.DataFrame, runs_dir: Path, sfx: str, notes: list[str] | None
 ) -> None:
     """A sweep over the method axis: accuracy by method; IMP's levels; SET/RigL mask changes."""
-    from experiments import plotting
+    from experiments.plots.methods import plot_accuracy_by_method, plot_imp_levels, plot_mask_changes
 
     def table(name: str) -> Callable[[], pd.DataFrame | None]:
         """The runs' ``name`` table, or (if damaged) a function raising its error when a figure needs it."""
@@ -508,11 +518,11 @@ def _add_method_figures(
 
     levels, updates = table("levels"), table("updates")
     imp = (runs["method"] == "imp").any()
-    add(f"accuracy_by_method{sfx}", lambda: plotting.plot_accuracy_by_method(runs, levels() if imp else None))
+    add(f"accuracy_by_method{sfx}", lambda: plot_accuracy_by_method(runs, levels() if imp else None))
     if imp:
-        add(f"imp_levels{sfx}", lambda: plotting.plot_imp_levels(levels()))
+        add(f"imp_levels{sfx}", lambda: plot_imp_levels(levels()))
     if runs["method"].isin(["set", "rigl"]).any():
-        add(f"mask_changes{sfx}", lambda: plotting.plot_mask_changes(updates()))
+        add(f"mask_changes{sfx}", lambda: plot_mask_changes(updates()))
 
 
 def _parser() -> argparse.ArgumentParser:

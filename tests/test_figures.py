@@ -20,7 +20,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import figures, plotting
+from experiments import figures
+from experiments.plots.paper import (
+    plot_accuracy_curves,
+    plot_accuracy_vs_sparsity,
+    plot_latency_vs_sparsity,
+    plot_step_time_vs_sparsity,
+)
+from experiments.plots.style import IMPLEMENTATION_ORDER, OKABE_ITO, aggregate, crossover, pareto_front, style_for
 from experiments.store import CURVE_COLUMNS, RUN_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -339,10 +346,10 @@ def _line_styles(fig) -> dict[str, tuple[str, str]]:
 def test_each_implementation_keeps_its_colour_and_marker_in_every_figure(synthetic: Path) -> None:
     runs, curves = figures.load_sweep("synthetic", synthetic)
     figs = [
-        plotting.plot_accuracy_vs_sparsity(runs),
-        plotting.plot_step_time_vs_sparsity(runs),
-        plotting.plot_latency_vs_sparsity(runs),
-        plotting.plot_accuracy_curves(runs, curves, 0.9),
+        plot_accuracy_vs_sparsity(runs),
+        plot_step_time_vs_sparsity(runs),
+        plot_latency_vs_sparsity(runs),
+        plot_accuracy_curves(runs, curves, 0.9),
     ]
     seen: dict[str, set[tuple[str, str]]] = {}
     for fig in figs:
@@ -351,39 +358,39 @@ def test_each_implementation_keeps_its_colour_and_marker_in_every_figure(synthet
     for impl in ("masked", "sparse_tensor", "tfmot"):
         assert len(seen[impl]) == 1, (impl, seen[impl])
         (color, marker), = seen[impl]
-        assert color.upper() == plotting.style_for(impl)["color"] and marker == plotting.style_for(impl)["marker"]
-    colours = [plotting.style_for(i)["color"] for i in plotting.IMPLEMENTATION_ORDER]
+        assert color.upper() == style_for(impl)["color"] and marker == style_for(impl)["marker"]
+    colours = [style_for(i)["color"] for i in IMPLEMENTATION_ORDER]
     assert len(set(colours)) == len(colours)
-    assert set(colours) <= set(plotting.OKABE_ITO.values())
-    assert plotting.style_for("csr") == plotting.style_for("sparse_tensor-csr")  # kernels share the runs' styles
-    assert plotting.style_for("made-up") == plotting.style_for("made-up")
+    assert set(colours) <= set(OKABE_ITO.values())
+    assert style_for("csr") == style_for("sparse_tensor-csr")  # kernels share the runs' styles
+    assert style_for("made-up") == style_for("made-up")
 
 
 def test_crossover_and_pareto_front() -> None:
     s = [0.0, 0.5, 0.9, 0.99]
     # above the reference until 0.5, below from 0.9: the crossing lies between them
-    x = plotting.crossover(s, [2.0, 1.5, 0.5, 0.2], 1.0)
+    x = crossover(s, [2.0, 1.5, 0.5, 0.2], 1.0)
     assert x is not None and 0.5 < x < 0.9
-    assert plotting.crossover(s, [0.5, 0.4, 0.3, 0.2], 1.0) == 0.0  # never slower
-    assert plotting.crossover(s, [2.0, 2.0, 2.0, 2.0], 1.0) is None  # never faster
+    assert crossover(s, [0.5, 0.4, 0.3, 0.2], 1.0) == 0.0  # never slower
+    assert crossover(s, [2.0, 2.0, 2.0, 2.0], 1.0) is None  # never faster
     # slower again after dipping below: the crossover is the last crossing
-    late = plotting.crossover(s, [2.0, 0.5, 2.0, 0.5], 1.0)
+    late = crossover(s, [2.0, 0.5, 2.0, 0.5], 1.0)
     assert late is not None and 0.9 < late < 0.99
     with pytest.raises(ValueError, match="strictly increasing"):
-        plotting.crossover([0.5, 0.5], [1.0, 1.0], 1.0)
-    front = plotting.pareto_front([1.0, 2.0, 3.0, 4.0], [0.9, 0.8, 0.95, 0.95])
+        crossover([0.5, 0.5], [1.0, 1.0], 1.0)
+    front = pareto_front([1.0, 2.0, 3.0, 4.0], [0.9, 0.8, 0.95, 0.95])
     assert front.tolist() == [0, 2]
 
 
 def test_synthetic_latency_crossover_is_marked(synthetic: Path) -> None:
     runs, _ = figures.load_sweep("synthetic", synthetic)
-    fig = plotting.plot_latency_vs_sparsity(runs)
+    fig = plot_latency_vs_sparsity(runs)
     vlines = [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == ":" and ln.get_label().startswith("_")]
     xs = sorted({float(ln.get_xdata()[0]) for ln in vlines})
-    agg = plotting.aggregate(runs, "latency_b1_ms")
+    agg = aggregate(runs, "latency_b1_ms")
     st = agg[agg["label"] == "sparse_tensor"]
     dense = float(agg.loc[agg["label"] == "dense", "mean"].iloc[0])
-    expected = plotting.crossover(st["target"], st["mean"], dense)
+    expected = crossover(st["target"], st["mean"], dense)
     assert expected is not None and 0.5 < expected < 0.9
     assert xs == [pytest.approx(expected)]
 

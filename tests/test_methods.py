@@ -306,7 +306,8 @@ LEVELS = """level,variant,sparsity,remaining,test_accuracy,test_loss,train_accur
 
 
 def test_methods_figures_from_a_tiny_sweep_are_byte_identical(tmp_path):
-    from experiments import figures, plotting
+    from experiments import figures
+    from experiments.plots.methods import imp_ticket_points, plot_imp_levels, plot_mask_changes
     from experiments.run_one import execute, init_process
     from experiments.store import Store
 
@@ -337,11 +338,11 @@ def test_methods_figures_from_a_tiny_sweep_are_byte_identical(tmp_path):
 
     runs, _ = figures.load_sweep("m", tmp_path)
     levels = pd.read_csv(root / "runs" / imp_id / "levels.csv").assign(run_id=imp_id)
-    points = plotting.imp_ticket_points(runs, levels)
+    points = imp_ticket_points(runs, levels)
     assert points[["target", "test_accuracy", "level"]].values.tolist() == [[0.75, 0.88, 2]]  # 0.7502 is within 0.005
     with pytest.raises(ValueError, match=r"has no ticket level at sparsity 0.75 \(closest 0.9000\); give the method stops"):
-        plotting.imp_ticket_points(runs, levels[levels["level"] != 2])
-    fig = plotting.plot_imp_levels(levels)
+        imp_ticket_points(runs, levels[levels["level"] != 2])
+    fig = plot_imp_levels(levels)
     ticket = fig.axes[0].lines[0]
     np.testing.assert_allclose(ticket.get_xdata(), [100, 50, 24.98, 10])
     np.testing.assert_allclose(ticket.get_ydata(), [90, 91, 88, 75])
@@ -350,17 +351,17 @@ def test_methods_figures_from_a_tiny_sweep_are_byte_identical(tmp_path):
     log = pd.read_csv(root / "runs" / set_id / "mask_updates.csv")
     expected = (log.groupby("step")["dropped"].sum() / log.groupby("step")["live"].sum() * 100).to_numpy()
     updates = log.assign(run_id=set_id, method="set", target=0.75)
-    np.testing.assert_allclose(plotting.plot_mask_changes(updates).axes[0].lines[0].get_ydata(), expected)
+    np.testing.assert_allclose(plot_mask_changes(updates).axes[0].lines[0].get_ydata(), expected)
 
 
 def test_a_sweep_gets_the_method_figures_when_methods_vary_or_its_one_method_is_not_gmp():
     """An IMP-only sweep (fmnist_lenet300_imp) draws its levels, not the single-method GMP figures and layer speed-ups."""
-    from experiments import plotting
+    from experiments.plots.methods import varies_method
 
     def runs(*methods):
         return pd.DataFrame({"implementation": ["dense", *["masked"] * len(methods)], "method": ["", *methods]})
 
-    assert plotting.varies_method(runs("gmp", "set"))
-    assert plotting.varies_method(runs("imp", "imp"))
-    assert not plotting.varies_method(runs("gmp", "gmp"))
-    assert not plotting.varies_method(pd.DataFrame({"implementation": ["masked"]}))  # a table from before the axis
+    assert varies_method(runs("gmp", "set"))
+    assert varies_method(runs("imp", "imp"))
+    assert not varies_method(runs("gmp", "gmp"))
+    assert not varies_method(pd.DataFrame({"implementation": ["masked"]}))  # a table from before the axis
