@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from prune.patterns import num_zeros
+
 __all__ = [
     "Distribution",
     "register_distribution",
@@ -61,9 +63,9 @@ def configured_target(sparsity: float) -> float:
 
 
 def uniform_zeros(shapes: Mapping[str, tuple[int, ...]], sparsity: float) -> dict[str, int]:
-    """``round(sparsity * n)`` zeros for each weight of ``n`` entries."""
+    """``round(sparsity * n)`` zeros for each weight of ``n`` entries (:func:`prune.patterns.num_zeros`)."""
     s = _check_sparsity(sparsity)
-    return {k: int(np.round(s * int(np.prod(shape, dtype=np.int64)))) for k, shape in shapes.items()}
+    return {k: num_zeros(s, int(np.prod(shape, dtype=np.int64))) for k, shape in shapes.items()}
 
 
 def erk_sparsities(
@@ -127,7 +129,7 @@ def erk_zeros(shapes: Mapping[str, tuple[int, ...]], sparsity: float, power_scal
     """
     s = _check_sparsity(sparsity)
     sizes = {k: int(np.prod(shape, dtype=np.int64)) for k, shape in shapes.items()}
-    total = int(np.round(s * sum(sizes.values())))
+    total = num_zeros(s, sum(sizes.values()))
     sp = erk_sparsities(shapes, s, power_scale)
     exact = {k: sp[k] * sizes[k] for k in shapes}
     zeros = {k: min(int(np.floor(exact[k])), sizes[k] - 1) for k in shapes}

@@ -9,7 +9,7 @@ Rules, shared by every criterion, pattern and scope:
 
 * A weight of ``n`` entries (units, for a pattern with larger units) at
   sparsity ``s`` gets exactly ``round(s * n)`` zeros (round half to even, as
-  ``numpy.round`` and ``tf.math.round`` do). With global scope the total over
+  ``numpy.round`` and ``tf.math.round`` do; :func:`prune.patterns.num_zeros`). With global scope the total over
   all weights is exact.
 * Ties break deterministically: among equal scores the entry with the lower
   flat index (lower weight first, under global scope) is pruned first.
@@ -26,22 +26,14 @@ from typing import Mapping
 
 import numpy as np
 
-from prune.patterns import Pattern, Unstructured, prune_lowest
+from prune.patterns import Pattern, Unstructured, num_zeros, prune_lowest
 
 __all__ = [
-    "num_zeros",
     "topk_mask",
     "layer_masks",
     "global_masks",
     "validate_mask",
 ]
-
-def num_zeros(sparsity: float, n: int) -> int:
-    """Exactly how many zeros ``n`` entries get at ``sparsity``: ``round(sparsity * n)``."""
-    if not (0.0 <= sparsity < 1.0):
-        raise ValueError(f"sparsity must be in [0, 1), got {sparsity!r}")
-    return int(np.round(sparsity * n))
-
 
 def topk_mask(scores: np.ndarray, sparsity: float, previous: np.ndarray | None = None) -> np.ndarray:
     """Binary mask with exactly ``round(sparsity * n)`` zeros at the lowest scores.

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 __all__ = [
+    "num_zeros",
     "Pattern",
     "Unstructured",
     "Block",
@@ -53,7 +54,25 @@ __all__ = [
 ]
 
 
-def _num_zeros(sparsity: float, n: int) -> int:
+def num_zeros(sparsity: float, n: int) -> int:
+    """How many of ``n`` units (entries, blocks, channels) are pruned at ``sparsity``: ``round(sparsity * n)``.
+
+    The one home of the counting rule that masks, patterns, distributions and
+    ``SparseDense`` share. The product is rounded half to even by
+    ``numpy.round`` (as ``tf.math.round`` does): 0.5 of 5 units prunes 2,
+    0.5 of 7 prunes 4. The product is computed in the type of ``sparsity``
+    (a float32 schedule value stays float32), as every caller always did.
+
+    Args:
+        sparsity: Fraction of units to prune, in [0, 1).
+        n: Number of units.
+
+    Returns:
+        The number of units to prune.
+
+    Raises:
+        ValueError: ``sparsity`` outside [0, 1).
+    """
     if not (0.0 <= sparsity < 1.0):
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity!r}")
     return int(np.round(sparsity * n))
@@ -110,7 +129,7 @@ class Pattern:
         prev = np.ones(scores.shape, bool) if previous is None else np.asarray(previous).astype(bool)
         self.check(scores.shape)
         u_scores, alive = self.units(scores, prev)
-        k = _num_zeros(sparsity, u_scores.size)
+        k = num_zeros(sparsity, u_scores.size)
         if getattr(self, "keep_one", False):
             k = min(k, u_scores.size - 1)  # tfmot's rule: at least one unit stays
         if k <= int((~alive).sum()):

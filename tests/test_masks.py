@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from prune import masks, scoring
+from prune import masks, patterns, scoring
 from prune.scoring import ScoreContext
 
 
@@ -22,9 +22,9 @@ def test_exact_counts(n, sparsity):
 
 
 def test_round_half_to_even():
-    assert masks.num_zeros(0.5, 5) == 2  # 2.5 -> 2
-    assert masks.num_zeros(0.5, 7) == 4  # 3.5 -> 4
-    assert masks.num_zeros(0.9, 10) == 9
+    assert patterns.num_zeros(0.5, 5) == 2  # 2.5 -> 2
+    assert patterns.num_zeros(0.5, 7) == 4  # 3.5 -> 4
+    assert patterns.num_zeros(0.9, 10) == 9
 
 
 def test_ties_break_by_lower_index():

@@ -95,7 +95,7 @@ from prune.driving import require_driver
 from prune import masks as _masks
 from prune.layers.masked import check_pruning_args
 from prune.optimizer_state import slots_for
-from prune.patterns import Pattern, serialize_pattern
+from prune.patterns import Pattern, num_zeros, serialize_pattern
 from prune.targets import MaskTarget, iter_layers
 from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
 
@@ -341,7 +341,7 @@ class SparseDense(keras.layers.Layer):
         if self._config_nnz is not None:  # placeholder of the saved length; loading overwrites it
             flat = np.arange(self._config_nnz, dtype=np.int64)
             return np.stack([flat // self.units, flat % self.units], 1), np.zeros(self._config_nnz)
-        zeros = int(np.round(self.sparsity * n))
+        zeros = n if self.sparsity == 1.0 else num_zeros(self.sparsity, n)  # a layer may be built empty
         rng = np.random.default_rng(self.seed)
         flat = np.sort(rng.permutation(n)[: n - zeros]).astype(np.int64)
         dense = np.asarray(self.kernel_initializer((n_in, self.units), dtype=self.variable_dtype))
