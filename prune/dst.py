@@ -1,7 +1,8 @@
-"""Sparse training: a fixed sparse mask from step 0, or one that moves (SET, RigL).
+"""Sparse training on Keras models: a fixed sparse mask from step 0, or one that moves (SET, RigL, MEST, GraNet).
 
-Three methods, on the masked layers (:func:`prune.prunable_layers`) and on
-:class:`prune.layers.SparseDense`:
+The algorithms are :mod:`prune.algorithms` (NumPy only: one base class, one registry, one file each); this
+module runs them on the masked layers (:func:`prune.prunable_layers`) and on
+:class:`prune.layers.SparseDense`. The first three:
 
 * **Static sparse training**: :func:`sparse_init` installs a random mask at an
   exact sparsity per weight (uniform, or Erdős–Rényi-Kernel over all masked
@@ -59,125 +60,28 @@ takes part; a structured one is refused with the layer's name.
 
 from __future__ import annotations
 
-import math
-import zlib
 from typing import Any, Callable, Mapping
 
 import keras
 import numpy as np
 
 from prune import distributions as _dist
+from prune.algorithms import SparseTraining, Update, algorithms, get_algorithm
 from prune.driving import attach, detach
 from prune.gradients import batch_of, dense_gradients
 from prune.patterns import prune_lowest
 from prune.scoring import ScoreContext, get_criterion
 from prune.targets import require_targets
 
-__all__ = [
-    "METHODS",
-    "DynamicSparsity",
-    "cosine_drop_fraction",
-    "num_drop",
-    "sign_drop_counts",
-    "drop_and_grow",
-    "sparse_init",
-    "dense_gradients",
-]
-
-METHODS = ("set", "rigl")
-DECAYS = ("constant", "cosine")
-DROPS = ("magnitude", "per_sign")
+__all__ = ["METHODS", "DynamicSparsity", "sparse_init", "dense_gradients"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "METHODS":  # read from the registry each time: an algorithm registered later is a method too
+        return tuple(algorithms(moving=True))
     if name == "DISTRIBUTIONS":  # the former tuple ("uniform", "erk"): the registry's distributions with exact zeros
         return tuple(_dist.distributions(with_zeros=True))
     raise AttributeError(f"module 'prune.dst' has no attribute {name!r}")
-
-
-# -- the arithmetic, on host arrays ----------------------------------------------
-
-
-def cosine_drop_fraction(step: int, drop_fraction: float, end_step: int) -> float:
-    """RigL's drop fraction at ``step``: ``f/2 * (1 + cos(pi * min(step, end_step) / end_step))``.
-
-    This is ``tf.keras.experimental.CosineDecay(f, end_step, alpha=0)`` as used
-    by rigl's ``CosineUpdateSchedule`` (``rigl/rigl_tf2/mask_updaters.py``),
-    and ``tf.train.cosine_decay`` in ``SparseRigLOptimizer`` with
-    ``begin_step=0``: ``f`` at step 0, ``f/2`` at ``end_step/2``, 0 from
-    ``end_step`` on.
-
-    Reference: Evci et al., "Rigging the Lottery: Making All Tickets Winners",
-    ICML 2020, eq. (1) with ``alpha = f``, ``T_end = end_step``.
-    """
-    t = min(max(int(step), 0), int(end_step))
-    return float(drop_fraction) * 0.5 * (1.0 + math.cos(math.pi * t / int(end_step)))
-
-
-def num_drop(live: int, fraction: float) -> int:
-    """How many live entries an update drops (and grows): ``floor(live * fraction)``, as rigl."""
-    return int(math.floor(int(live) * float(fraction)))
-
-
-def sign_drop_counts(weight: np.ndarray, keep: np.ndarray, fraction: float) -> tuple[int, int]:
-    """SET's per-sign drop counts: ``(floor(positive * fraction), floor(negative * fraction))`` of the live entries.
-
-    Mocanu et al. (2018) remove a fraction of the positive weights (the
-    smallest) and of the negative weights (those closest to zero) separately
-    (``set_mlp.py``'s ``largestNegative`` and ``smallestPositive``). A live
-    entry at exactly ``+0.0`` or ``-0.0`` counts as positive here.
-    """
-    weight, keep = np.asarray(weight), np.asarray(keep).astype(bool)
-    negative = int((keep & (weight < 0)).sum())
-    return num_drop(int(keep.sum()) - negative, fraction), num_drop(negative, fraction)
-
-
-def drop_and_grow(
-    weight: np.ndarray, keep: np.ndarray, n: int, grow_scores: np.ndarray, n_negative: int | None = None
-) -> np.ndarray:
-    """One SET/RigL update of one weight: drop ``n`` live entries by magnitude, grow ``n``.
-
-    Args:
-        weight: The weight (dense view).
-        keep: Its current keep-mask (bool, True = live).
-        n: Entries to drop and to grow, ``0 <= n <= live``; with ``n_negative``,
-            the positive (and zero) live entries to drop.
-        grow_scores: Higher grows first (SET: random, RigL: ``|dense gradient|``).
-        n_negative: SET's per-sign drop (:func:`sign_drop_counts`): the negative
-            live entries to drop, those closest to zero; ``n + n_negative`` grow.
-            ``None`` (default): drop over both signs by magnitude, as rigl does.
-
-    Returns:
-        The new keep-mask, with as many live entries as ``keep``.
-
-    Raises:
-        ValueError: ``n`` or ``n_negative`` out of range or shapes that differ.
-    """
-    weight = np.asarray(weight)
-    keep = np.asarray(keep).astype(bool)
-    grow_scores = np.asarray(grow_scores, np.float64)
-    if keep.shape != weight.shape or grow_scores.shape != weight.shape:
-        raise ValueError(
-            f"weight, keep and grow_scores must have one shape, got {weight.shape}, {keep.shape}, {grow_scores.shape}"
-        )
-    alive = keep.reshape(-1)
-    drop_scores = get_criterion("magnitude")(ScoreContext(weight=weight)).reshape(-1)
-    groups = [(alive, n, "n")]
-    if n_negative is not None:
-        negative = weight.reshape(-1) < 0
-        groups = [(alive & ~negative, n, "n"), (alive & negative, n_negative, "n_negative")]
-    kept = np.zeros_like(alive)
-    for members, count, name in groups:
-        size = int(members.sum())
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or not 0 <= count <= size:
-            raise ValueError(f"{name} must be an integer in [0, {size}] (the live entries it drops from), got {count!r}")
-        kept |= prune_lowest(drop_scores, members, int((~members).sum()) + int(count))
-    grown = int(n) + (0 if n_negative is None else int(n_negative))
-    candidates = np.flatnonzero(~kept)  # the just dropped included, as in rigl
-    order = np.argsort(-grow_scores.reshape(-1)[candidates], kind="stable")
-    new = kept.copy()
-    new[candidates[order[:grown]]] = True
-    return new.reshape(keep.shape)
 
 
 # -- the masked weights: the mask-target protocol (prune.targets) -----------------------------
@@ -192,10 +96,6 @@ def _check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     return int(seed)
-
-
-def _rng(seed: int, step: int, key: str) -> np.random.Generator:
-    return np.random.default_rng([seed & 0xFFFFFFFF, int(step), zlib.crc32(key.encode())])
 
 
 def sparse_init(
@@ -270,8 +170,9 @@ def sparse_init(
 
 
 class DynamicSparsity(keras.callbacks.Callback):
-    """Dynamic sparse training (SET or RigL) of the masked and ``SparseDense`` layers, in ``fit`` or a custom loop.
+    """Dynamic sparse training (SET, RigL, MEST, GraNet, ...) of the masked and ``SparseDense`` layers.
 
+    Runs any registered algorithm that moves masks (:mod:`prune.algorithms`), in ``fit`` or a custom loop.
     Start from a sparse mask (:func:`sparse_init`, or any masks), then::
 
         model.fit(x, y, callbacks=[prune.DynamicSparsity("rigl", update_every=100,
@@ -280,37 +181,40 @@ class DynamicSparsity(keras.callbacks.Callback):
     In a custom loop, drive it as :class:`prune.UpdatePruningStep`:
     ``set_model``, ``on_train_begin``, then ``on_train_batch_begin`` before
     each training step. Do not combine it with ``UpdatePruningStep``, whose
-    schedule would change the sparsity.
+    schedule would change the sparsity (GraNet's schedule is its own).
 
     At a step ``t > 0`` with ``t % update_every == 0`` and (if ``end_step`` is
     set) ``t < end_step``, every masked weight drops ``floor(live * f(t))``
-    live entries of smallest magnitude and grows as many (see
-    :func:`drop_and_grow`), so each weight keeps its number of live entries.
+    live entries of smallest magnitude and grows as many (SET and RigL; see
+    :func:`prune.algorithms.drop_and_grow`), so each weight keeps its number of live entries.
     Grown entries start at +0.0 with zero optimizer slots; pruned entries stay
     +0.0 between updates under every optimizer (the masked layers' invariant).
 
     References: Mocanu et al., Nature Communications 2018 (SET); Evci et al.,
-    ICML 2020 (RigL), whose google-research/rigl code this follows.
+    ICML 2020 (RigL), whose google-research/rigl code this follows; the others in their modules.
 
     Args:
-        method: ``"set"`` (random growth) or ``"rigl"`` (growth by
-            ``|dense gradient|`` on ``gradient_data``).
+        method: A registered algorithm that moves masks (:func:`prune.algorithms.algorithms`): ``"set"``
+            (random growth), ``"rigl"`` (growth by ``|dense gradient|`` on ``gradient_data``), ``"mest"``,
+            ``"granet"``; or an algorithm instance (then the arguments below must stay at their defaults).
         update_every: ΔT, steps between updates (positive integer).
-        drop_fraction: Fraction of the live entries dropped at an update, in (0, 1].
+        drop_fraction: Fraction of the live entries dropped at an update, in (0, 1]; default the algorithm's.
         end_step: No update from this step on; required by the cosine decay.
-        decay: ``"constant"`` or ``"cosine"`` (:func:`cosine_drop_fraction`);
-            default ``"constant"`` for SET, ``"cosine"`` for RigL, as in the papers.
+        decay: ``"constant"`` or ``"cosine"`` (:func:`prune.algorithms.cosine_drop_fraction`);
+            default the algorithm's (``"constant"`` for SET, ``"cosine"`` for RigL, as in the papers).
         seed: Seed of SET's random growth.
-        gradient_data: ``(x, y)``, or a callable returning one, for RigL's
-            gradient at each update (a batch; rigl uses the current batch: pass
+        gradient_data: ``(x, y)``, or a callable returning one, for the gradient of the algorithms that need
+            one (RigL, MEST, GraNet), at each update (a batch; rigl uses the current batch: pass
             a callable that returns the batch about to be trained).
         drop: ``"magnitude"`` (default, rigl's: the smallest ``|w|`` over both
             signs) or ``"per_sign"`` (Mocanu et al.'s SET: the same fraction of
-            the positive and of the negative entries, :func:`sign_drop_counts`).
+            the positive and of the negative entries, :func:`prune.algorithms.sign_drop_counts`).
         loss: ``loss(y_true, y_pred)`` for that gradient; default the compiled loss.
         optimizer: Optimizer whose slots to reset; default ``model.optimizer``.
+        **params: The algorithm's own parameters (MEST's ``lam``; GraNet's ``final_sparsity``, ...).
 
     Attributes:
+        algorithm: The :class:`prune.algorithms.SparseTraining` that plans each update.
         history: One dict per weight and update: ``step``, ``key``,
             ``fraction``, ``live``, ``n`` (entries dropped by magnitude and
             grown), ``dropped`` and ``grown`` (entries whose mask changed;
@@ -324,9 +228,9 @@ class DynamicSparsity(keras.callbacks.Callback):
 
     def __init__(
         self,
-        method: str = "set",
+        method: str | SparseTraining = "set",
         update_every: int = 100,
-        drop_fraction: float = 0.3,
+        drop_fraction: float | None = None,
         end_step: int | None = None,
         decay: str | None = None,
         seed: int = 0,
@@ -334,38 +238,24 @@ class DynamicSparsity(keras.callbacks.Callback):
         loss: Callable[[Any, Any], Any] | None = None,
         optimizer: Any = None,
         drop: str = "magnitude",
+        **params: Any,
     ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
-        if isinstance(update_every, bool) or not isinstance(update_every, (int, np.integer)) or update_every < 1:
-            raise ValueError(f"update_every must be a positive integer, got {update_every!r}")
-        if (
-            isinstance(drop_fraction, bool)
-            or not isinstance(drop_fraction, (int, float, np.floating))
-            or not 0.0 < drop_fraction <= 1.0
-        ):
-            raise ValueError(f"drop_fraction must be a number in (0, 1], got {drop_fraction!r}")
-        if end_step is not None and (
-            isinstance(end_step, bool) or not isinstance(end_step, (int, np.integer)) or end_step < 1
-        ):
-            raise ValueError(f"end_step must be a positive integer or None, got {end_step!r}")
-        decay = ("cosine" if method == "rigl" else "constant") if decay is None else decay
-        if decay not in DECAYS:
-            raise ValueError(f"decay must be one of {list(DECAYS)}, got {decay!r}")
-        if decay == "cosine" and end_step is None:
-            raise ValueError("decay='cosine' needs end_step (the step where the drop fraction reaches 0), got end_step=None")
-        if drop not in DROPS:
-            raise ValueError(f"drop must be one of {list(DROPS)}, got {drop!r}")
-        if method == "rigl" and gradient_data is None:
-            raise ValueError("method='rigl' grows by the dense gradient: pass gradient_data=(x, y) or a callable returning one")
+        if isinstance(method, SparseTraining):
+            algorithm = method
+        else:
+            if not isinstance(method, str) or method not in algorithms(moving=True):
+                raise ValueError(f"method must be one of {algorithms(moving=True)}, got {method!r}")
+            base = dict(update_every=update_every, end_step=end_step, decay=decay, seed=seed, drop=drop)
+            if drop_fraction is not None:
+                base["drop_fraction"] = drop_fraction
+            algorithm = get_algorithm(method)(**base, **params)
+        if not algorithm.moves:
+            raise ValueError(f"method must be one of {algorithms(moving=True)}, got {algorithm.name!r}, which never moves a mask")
+        if algorithm.needs_gradient and gradient_data is None:
+            what = "grows by the dense gradient" if algorithm.name == "rigl" else "scores with the gradient"
+            raise ValueError(f"method={algorithm.name!r} {what}: pass gradient_data=(x, y) or a callable returning one")
         super().__init__()
-        self.method = method
-        self.update_every = int(update_every)
-        self.drop_fraction = float(drop_fraction)
-        self.end_step = None if end_step is None else int(end_step)
-        self.decay = decay
-        self.drop = drop
-        self.seed = _check_seed(seed)
+        self.algorithm = algorithm
         self._gradient_data = gradient_data
         self._loss = loss
         self._optimizer = optimizer
@@ -373,15 +263,22 @@ class DynamicSparsity(keras.callbacks.Callback):
         self._started = False
         self.history: list[dict[str, Any]] = []
 
+    # The algorithm's settings, read through (one home: the algorithm).
+    method = property(lambda self: self.algorithm.name, doc="The algorithm's registered name.")
+    update_every = property(lambda self: self.algorithm.update_every, doc="Steps between updates.")
+    drop_fraction = property(lambda self: self.algorithm.drop_fraction, doc="The drop fraction at step 0.")
+    end_step = property(lambda self: self.algorithm.end_step, doc="No update from this step on (None: no end).")
+    decay = property(lambda self: self.algorithm.decay, doc="``constant`` or ``cosine``.")
+    drop = property(lambda self: self.algorithm.drop, doc="``magnitude`` or ``per_sign``.")
+    seed = property(lambda self: self.algorithm.seed, doc="Seed of the random scores.")
+
     def fraction_at(self, step: int) -> float:
         """The drop fraction an update at ``step`` uses."""
-        if self.decay == "cosine":
-            return cosine_drop_fraction(step, self.drop_fraction, self.end_step)  # type: ignore[arg-type]
-        return self.drop_fraction
+        return self.algorithm.fraction_at(step)
 
     def should_update(self, step: int) -> bool:
         """Whether the masks move before training step ``step``."""
-        return step > 0 and step % self.update_every == 0 and (self.end_step is None or step < self.end_step)
+        return self.algorithm.should_update(step)
 
     def update(self, step: int) -> list[dict[str, Any]]:
         """Move every masked weight's mask once, at ``step`` (whether or not it is an update step).
@@ -400,28 +297,16 @@ class DynamicSparsity(keras.callbacks.Callback):
                 raise ValueError(f"weight {t.key!r} has NaN or infinite entries; no mask was changed")
             reads.append((t, w, keep))
         grads: Mapping[str, np.ndarray] = {}
-        if self.method == "rigl":
-            x, y = batch_of(self._gradient_data, "method 'rigl'")
+        if self.algorithm.needs_gradient:
+            x, y = batch_of(self._gradient_data, f"method {self.algorithm.name!r}")
             grads = dense_gradients(self.model, x, y, loss=self._loss)
-        plans = []
-        for t, w, keep in reads:
-            if self.method == "rigl":
-                grow = np.abs(np.asarray(grads[t.key], np.float64))
-                if not np.all(np.isfinite(grow)):
-                    raise ValueError(f"the gradient of {t.key!r} has NaN or infinite entries; no mask was changed")
-            else:
-                grow = _rng(self.seed, step, t.key).random(w.shape)
-            if self.drop == "per_sign":
-                n_pos, n_neg = sign_drop_counts(w, keep, fraction)
-                n = n_pos + n_neg
-                plans.append((t, drop_and_grow(w, keep, n_pos, grow, n_negative=n_neg), keep, n))
-            else:
-                n = num_drop(int(keep.sum()), fraction)
-                plans.append((t, drop_and_grow(w, keep, n, grow), keep, n))
+        updates = [Update(t.key, w, keep, None if t.key not in grads else np.asarray(grads[t.key], np.float64),
+                          self.algorithm.rng(step, t.key)) for t, w, keep in reads]
+        plans = self.algorithm.plan(updates, step)
         records = []
         optimizer = self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)
         retrace = False
-        for t, new, old, n in plans:
+        for (t, _, old), (new, n) in zip(reads, plans):
             retrace |= t.install(new, optimizer)
             records.append(
                 {

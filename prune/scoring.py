@@ -44,6 +44,7 @@ __all__ = [
     "snip",
     "taylor",
     "movement",
+    "gradient",
     "NEEDS",
 ]
 
@@ -146,12 +147,21 @@ def movement(ctx: ScoreContext) -> np.ndarray:
     return -(np.asarray(ctx.weight, np.float64) * np.asarray(ctx.gradient, np.float64))
 
 
+def gradient(ctx: ScoreContext) -> np.ndarray:
+    """``|g|``: where the loss moves most. RigL's grow score, with the dense gradient (pruned entries included).
+
+    Reference: Evci, Gale, Menick, Castro and Elsen, "Rigging the Lottery: Making All Tickets Winners", ICML 2020.
+    """
+    return np.abs(np.asarray(ctx.gradient, np.float64))
+
+
 _CRITERIA: dict[str, Criterion] = {
     "magnitude": Criterion("magnitude", magnitude),
     "random": Criterion("random", random),
     "snip": Criterion("snip", snip, ("gradient",)),
     "taylor": Criterion("taylor", taylor, ("gradient",)),
     "movement": Criterion("movement", movement, ("gradient",)),
+    "gradient": Criterion("gradient", gradient, ("gradient",)),
 }
 
 
