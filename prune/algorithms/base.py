@@ -229,6 +229,13 @@ class SparseTraining:
     """A :mod:`prune.scoring` criterion: higher grows first (``"random"``, ``"gradient"``)."""
     moves: ClassVar[bool] = True
     """False for an algorithm that never changes a mask after its start (static sparse training)."""
+    paper: ClassVar[dict[str, Any]] = {}
+    """The paper's settings where they differ from the base's (``update_every=100``, ``drop_fraction=0.3``,
+    ``decay=default_decay``, ``end=1.0``): ``end`` is the fraction of the training steps after which no update
+    runs (RigL: 0.75). An experiment runner offers these as the method's defaults."""
+    own_params: ClassVar[dict[str, Any]] = {}
+    """The algorithm's own keyword arguments beyond the base's, with their defaults (MEST: ``{"lam": 1.0}``), for
+    a runner to offer in sweep files; validated by the constructor."""
     keeps_live: ClassVar[bool] = True
     """Whether every update keeps each weight's number of live entries (an exchange); False when a schedule
     shrinks them (GraNet)."""
@@ -255,6 +262,15 @@ class SparseTraining:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self.decay, self.drop, self.seed = decay, drop, int(seed)
+
+    @classmethod
+    def for_run(cls, sparsity: float, **settings: Any) -> "SparseTraining":
+        """The algorithm for a training run whose final sparsity is ``sparsity``: ``cls(**settings)``.
+
+        The exchanges keep the sparsity :func:`prune.sparse_init` installed (:meth:`start_sparsity`), so they
+        ignore ``sparsity``; an algorithm with a schedule of its own (GraNet) takes it as its target.
+        """
+        return cls(**settings)
 
     # -- when --------------------------------------------------------------------------------------------------
     def should_update(self, step: int) -> bool:

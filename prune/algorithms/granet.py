@@ -43,7 +43,8 @@ class GraNet(RigL):
         initial_sparsity: The sparsity at the start (:meth:`start_sparsity`), in [0, final_sparsity]:
             0 is dense-to-sparse, the paper's 0.5 sparse-to-sparse.
         prune_begin_step: The first step of the schedule (default 0).
-        prune_end_step: The step where it reaches ``final_sparsity``; default ``end_step``.
+        prune_end_step: The step where it reaches ``final_sparsity``; default 110/160 of ``end_step`` (the
+            authors' CIFAR setting: pruning ends at epoch 110 of 160, the regeneration runs to the end).
         scope: ``"global"`` (default, GraNet) or ``"layer"`` (``GraNet_uniform``).
         drop_fraction: The regeneration's fraction at step 0 (default 0.5, the authors' ``--prune-rate``).
         **base: As :class:`prune.algorithms.SparseTraining` (``decay`` defaults to ``"cosine"``, which needs ``end_step``).
@@ -51,6 +52,9 @@ class GraNet(RigL):
 
     name = "granet"
     keeps_live = False
+    default_decay = "cosine"
+    paper = {"drop_fraction": 0.5}  # the authors' --prune-rate
+    own_params = {"initial_sparsity": 0.0, "scope": "global"}
 
     def __init__(
         self,
@@ -71,7 +75,8 @@ class GraNet(RigL):
         if isinstance(prune_begin_step, bool) or not isinstance(prune_begin_step, (int, np.integer)) or prune_begin_step < 0:
             raise ValueError(f"prune_begin_step must be a non-negative integer, got {prune_begin_step!r}")
         self.prune_begin_step = int(prune_begin_step)
-        end = self.end_step if prune_end_step is None else _positive_int("prune_end_step", prune_end_step)
+        end = (None if self.end_step is None else max(1, round(self.end_step * 110 / 160))) if prune_end_step is None \
+            else _positive_int("prune_end_step", prune_end_step)
         if end is None:
             raise ValueError("GraNet needs prune_end_step (or end_step): the step where the sparsity reaches final_sparsity")
         if end <= self.prune_begin_step:
@@ -80,6 +85,11 @@ class GraNet(RigL):
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
         self.scope = scope
+
+    @classmethod
+    def for_run(cls, sparsity: float, **settings: Any) -> "GraNet":
+        """GraNet for a run whose final sparsity is ``sparsity``: its schedule's ``final_sparsity``."""
+        return cls(final_sparsity=sparsity, **settings)
 
     def start_sparsity(self, target: float) -> float:
         """``initial_sparsity``: the schedule starts there and reaches ``final_sparsity`` (the run's target)."""

@@ -34,6 +34,7 @@ class MEST(SET):
 
     name = "mest"
     needs_gradient = True
+    own_params = {"lam": 1.0}
 
     def __init__(self, lam: float = 1.0, **base: Any) -> None:
         super().__init__(**base)

@@ -25,3 +25,4 @@ class RigL(SET):
     needs_gradient = True
     default_decay = "cosine"
     grow_criterion = "gradient"
+    paper = {"end": 0.75}  # "we stop updating the masks at 75% of training" (Evci et al. 2020, section 4)
