@@ -2,12 +2,12 @@
 
 Each entry is a small frozen object saying what the choice needs, how a run
 using it is validated, and which function runs it (named ``"module:function"``
-and imported only when a run needs it, :func:`experiments.registry.resolve`).
+and imported only when a run needs it, :func:`experiments.axis_registry.resolve`).
 :mod:`experiments.config` validates names and combinations against these
 registries; :mod:`experiments.data`, :mod:`experiments.models`,
 :mod:`experiments.implementations` and :mod:`experiments.run_one` dispatch
 through them. Nothing here imports TensorFlow or Keras, and of the runner only
-:mod:`experiments.registry`, :mod:`experiments.library_names` (the library's
+:mod:`experiments.axis_registry`, :mod:`experiments.library_names` (the library's
 names, and :mod:`prune.imp` without TensorFlow) and :mod:`experiments.steps`, so the runner's main process
 and the tfmot process can read it, and no import circles back here.
 
@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from experiments.library_names import DST_DISTRIBUTION, IMP_SCOPES
 from experiments.library_names import imp as imp_library
-from experiments.registry import ConfigError, Registry, check_range, choice
+from experiments.axis_registry import ConfigError, Registry, check_range, choice
 
 Run = Any
 """A run, :class:`experiments.config.RunConfig` (which imports this module, so it is not imported back)."""
@@ -330,7 +330,7 @@ class Method:
             prunes with (``one_shot``, ``snip``), or ``None``.
         keras: ``"module:function"`` that prunes a Keras 3 model,
             ``function(run, data, model, spe, run_dir) -> (callbacks, finish)``
-            (:mod:`experiments.methods`).
+            (:mod:`experiments.method_callbacks`).
         train: ``"module:function"`` that replaces the implementation's training
             entirely (``imp``: many trainings in one run).
         check: ``check(run)`` for what the method needs of the run, raising :class:`ConfigError`.
@@ -346,7 +346,7 @@ class Method:
     schedule: bool = False
     criterion: str | None = None
     one_shot_at: Callable[[Any], float] | None = None
-    keras: str = "experiments.methods:scheduled"
+    keras: str = "experiments.method_callbacks:scheduled"
     train: str | None = None
     check: Callable[[Run], None] | None = None
     check_data: Callable[[Run, Callable[[], int]], None] | None = None
@@ -540,7 +540,7 @@ for _name, _params in (("set", SetParams), ("rigl", RiglParams), ("static", NoPa
             _params,
             ("masked", "sparse_tensor"),
             f"sparse training (prune.dst) moves the masks of {_KERAS_ONLY}; tfmot has none",
-            keras="experiments.methods:sparse_training",
+            keras="experiments.method_callbacks:sparse_training",
             check=_check_sparse_training,
         )
     )
@@ -549,8 +549,8 @@ METHODS.register(
         "imp",
         ImpParams,
         ("masked",),
-        "it prunes, rewinds and retrains masked layers (experiments.imp); SparseDense and tfmot cannot rewind",
-        train="experiments.imp:train_method",
+        "it prunes, rewinds and retrains masked layers (experiments.imp_runs); SparseDense and tfmot cannot rewind",
+        train="experiments.imp_runs:train_method",
         check=_check_imp,
         check_data=_check_imp_steps,
     )

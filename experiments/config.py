@@ -64,9 +64,9 @@ from typing import Any, ClassVar
 
 from experiments import axes, library_names
 from experiments.loader import canonical_json, config_hash, convert, from_dict, load_toml, to_dict
-from experiments.registry import ConfigError
-from experiments.registry import check_range as _range
-from experiments.registry import choice as _choice
+from experiments.axis_registry import ConfigError
+from experiments.axis_registry import check_range as _range
+from experiments.axis_registry import choice as _choice
 
 __all__ = [
     "ConfigError",

@@ -191,7 +191,7 @@ def load_sweep_with_diverged(
             runs[col] = pd.to_numeric(runs[col], errors="coerce")
         elif col not in ("target_sparsity", "seed", "test_accuracy"):  # optional: its figure is skipped
             runs[col] = float("nan")
-    from experiments.plots.patterns import AXIS_DEFAULTS
+    from experiments.plots.pruning_axes import AXIS_DEFAULTS
 
     for col, default in AXIS_DEFAULTS.items():  # a table from before the pruning axes: the defaults it ran with
         if col not in runs.columns:
@@ -370,7 +370,7 @@ def draw_figures(
         plot_latency_vs_sparsity,
         plot_step_time_vs_sparsity,
     )
-    from experiments.plots.patterns import plot_accuracy_by_pattern, varies_pruning_axes
+    from experiments.plots.pruning_axes import plot_accuracy_by_pattern, varies_pruning_axes
     from experiments.plots.tradeoff import accuracy_vs_latency
 
     runs, curves, diverged_all = load_sweep_with_diverged(sweep, results_root, notes)

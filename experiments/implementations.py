@@ -54,7 +54,7 @@ from experiments.config import RunConfig
 from experiments.library_names import GRADIENT_CRITERIA
 from experiments.data import Data
 from experiments.models import seeded_model
-from experiments.registry import resolve
+from experiments.axis_registry import resolve
 from experiments.steps import steps_per_epoch
 from experiments.train import make_optimizer, measure_keras3, train
 

@@ -4,7 +4,7 @@
 names the closest valid one, :mod:`difflib`), types (by the fields' type hints:
 ``int``, ``float``, ``str``, ``bool``, ``X | None``, ``tuple[X, ...]``, nested
 dataclasses) and whatever the dataclass's ``__post_init__`` refuses; every
-error is a :class:`~experiments.registry.ConfigError` naming the field by its
+error is a :class:`~experiments.axis_registry.ConfigError` naming the field by its
 dotted path (``training.learning_rate``, ``methods[2].rate``). A
 ``__post_init__`` may raise any ``ValueError`` with ``path`` and ``message``
 attributes (the library's :class:`prune.imp.ParamError` does), and it is
@@ -35,7 +35,7 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
-from experiments.registry import ConfigError
+from experiments.axis_registry import ConfigError
 
 __all__ = ["convert", "from_dict", "to_dict", "canonical_json", "config_hash", "load_toml"]
 

@@ -1,4 +1,4 @@
-"""What each method does to a Keras 3 model: the ``keras`` and ``train`` entries of :data:`experiments.axes.METHODS`.
+"""What each method does to a Keras 3 model: the ``keras`` entries of :data:`experiments.axes.METHODS`.
 
 A ``keras`` function gets the run, its data, the compiled sparse model (masked
 or SparseDense layers), the steps per epoch and the run's folder, installs the
@@ -21,7 +21,7 @@ from experiments.tables import MASK_UPDATE_COLUMNS
 
 from experiments.library_names import DST_DISTRIBUTION, DST_METHODS
 
-__all__ = ["scheduled", "sparse_training", "train_imp", "MASK_UPDATE_COLUMNS", "DST_DISTRIBUTION"]
+__all__ = ["scheduled", "sparse_training"]
 
 
 def scheduled(run: RunConfig, data: Data, model: Any, spe: int, run_dir: Path) -> tuple[list[Any], None]:
@@ -91,10 +91,3 @@ def sparse_training(
         atomic_write(Path(run_dir) / "mask_updates.csv", out.getvalue())
 
     return callbacks, finish
-
-
-def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """The old name of ``imp``'s ``train`` entry; it is :func:`experiments.imp.train_method`."""
-    from experiments.imp import train_method
-
-    return train_method(run, data, run_dir, log)

@@ -19,7 +19,7 @@ import numpy as np
 from typing import TYPE_CHECKING
 
 from experiments import axes
-from experiments.registry import resolve
+from experiments.axis_registry import resolve
 
 if TYPE_CHECKING:
     from experiments.config import ModelConfig

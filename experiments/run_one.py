@@ -39,7 +39,7 @@ import numpy as np
 
 from experiments import axes, provenance
 from experiments.config import RunConfig, from_dict, to_dict
-from experiments.registry import resolve
+from experiments.axis_registry import resolve
 from experiments.store import STORAGE_ERRNOS, atomic_write, config_columns, named_os_error
 from experiments.train import Diverged
 

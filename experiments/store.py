@@ -589,7 +589,7 @@ class Store:
         """Check every IMP run's ``levels.csv`` against its level folders and rewrite it where they restore it
         (:func:`experiments.tables.read_levels`). Returns the runs that nothing restores: their
         ``result.json`` is moved aside to ``result.json.redo``, so the run is redone, and
-        :func:`experiments.imp.train_imp` redoes the level whose ``level.json`` is damaged, and those after it."""
+        :func:`experiments.imp_runs.train_imp` redoes the level whose ``level.json`` is damaged, and those after it."""
         redo = []
         for run_id, row in rows.items():
             run_dir = self.root / "runs" / run_id

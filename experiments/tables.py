@@ -278,7 +278,7 @@ def _typed_rows(path: Path, text: str, columns: list[str], schema: dict[str, Col
 
 
 def levels_text(rows: Iterable[dict[str, Any]]) -> str:
-    """``levels.csv`` for level rows as :mod:`experiments.imp` records them (floats by ``repr``)."""
+    """``levels.csv`` for level rows as :mod:`experiments.imp_runs` records them (floats by ``repr``)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=LEVEL_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -309,7 +309,7 @@ def read_levels(run_dir: Path) -> tuple[str, list[str], bool]:
     """An IMP run's ``levels.csv`` text, checked against and restored from its ``levels/NN/level.json`` files.
 
     The level folders are the source: when every ``level.json`` is readable,
-    the table is rebuilt from them (the same text :mod:`experiments.imp`
+    the table is rebuilt from them (the same text :mod:`experiments.imp_runs`
     writes) and any difference from ``levels.csv`` (a torn or garbage file, a
     lost row) is reported as a repair. Without level folders (a table copied
     alone), ``levels.csv`` must pass :data:`LEVEL_SCHEMA` as it is. A

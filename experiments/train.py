@@ -333,7 +333,7 @@ def measure_keras3(
     The weight report is taken on ``deployed`` (the model's dense equivalent,
     zeros in place), latency on ``model`` itself, which is also what
     ``checkpoint`` saves. Every Keras 3 run measures its result this way
-    (:func:`experiments.implementations.train_keras3`, :func:`experiments.imp.train_imp`).
+    (:func:`experiments.implementations.train_keras3`, :func:`experiments.imp_runs.train_imp`).
 
     Args:
         result: What :func:`train` returned.

@@ -153,6 +153,13 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
     assert _upward_imports(["low", "high"], tmp_path) == ["low/a.py imports high.b"]
 
 
+def test_no_module_name_is_in_both_packages():
+    """``prune.imp`` and ``experiments.imp`` were two modules a reader had to tell apart: each module's own name
+    (its last part, in any folder) belongs to one package."""
+    names = {pkg: {n.rsplit(".", 1)[-1] for n in _modules(pkg) if "." in n} - {"__main__"} for pkg in PACKAGES}
+    assert names["prune"] & names["experiments"] == set()
+
+
 def _private_names_of_internals() -> set[str]:
     """The private Keras/TensorFlow attribute names prune/_internals.py touches (attributes and getattr strings)."""
     tree = ast.parse((ROOT / "prune" / "_internals.py").read_text())

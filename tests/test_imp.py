@@ -1,4 +1,4 @@
-"""experiments.imp: IMP levels as resumable stages, deterministic, and identical after a kill -9."""
+"""experiments.imp_runs: IMP levels as resumable stages, deterministic, and identical after a kill -9."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from experiments.config import DatasetConfig, ImplementationConfig, ModelConfig, RunConfig, ScheduleConfig, TrainingConfig
 from experiments.data import load
-from experiments.imp import LEVEL_COLUMNS, ImpParams, level_seed, train_imp
+from experiments.imp_runs import LEVEL_COLUMNS, ImpParams, level_seed, train_imp
 
 REPO = Path(__file__).resolve().parent.parent
 

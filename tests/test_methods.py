@@ -6,7 +6,6 @@ Config checks run no TensorFlow; the real runs train a 16-unit MLP on digits for
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import subprocess
 import sys
@@ -274,7 +273,6 @@ def test_snip_is_one_shot_at_step_0_with_the_snip_criterion(tmp_path):
     assert any((snip["kernels"][k] == 0).tolist() != (magnitude["kernels"][k] == 0).tolist() for k in snip["kernels"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("experiments.imp") is None, reason="experiments.imp (IMP) not merged yet")
 def test_imp_runs_through_the_runner_and_writes_its_levels(tmp_path):
     from experiments.run_one import execute, init_process
 
