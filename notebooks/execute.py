@@ -1,7 +1,7 @@
 """Execute the notebooks on the committed tables and save them with their outputs (``make notebooks``).
 
 The committed notebooks carry their outputs, so that they read on a repository page;
-``tests/test_notebooks.py`` executes each again and checks that its text outputs are the committed ones
+``tests/notebooks/test_notebooks.py`` executes each again and checks that its text outputs are the committed ones
 (:func:`text_outputs`: streams and plain-text results, with memory addresses masked; figures are checked
 to be there, not pixel for pixel, since rasterisation differs in the last bits between CPUs).
 

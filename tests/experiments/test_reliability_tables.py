@@ -14,8 +14,8 @@ import pytest
 from experiments import figures, tables
 from experiments.store import Store
 from experiments.summary import summarize
-from tests.test_figures import write_synthetic
-from tests.test_reliability_store import finished, read_csv, row
+from tests.experiments.test_figures import write_synthetic
+from tests.experiments.test_reliability_store import finished, read_csv, row
 
 
 def _runs(root: Path) -> Path:
@@ -143,7 +143,7 @@ def test_damaged_levels_nothing_restores_are_named_and_redone_by_run(tmp_path):
 def test_half_written_level_json_is_named_and_the_level_redone(tmp_path):
     from experiments.data import load
     from experiments.imp_runs import ImpParams, train_imp
-    from tests.test_imp import _run
+    from tests.experiments.test_imp_runs import _run
 
     run, params = _run(sparsity=0.5, distribution="global"), ImpParams(rate=0.5, controls=())
     data = load(run.dataset)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
@@ -119,7 +119,7 @@ def test_diverged_cell_is_a_result_and_damaged_files_are_repaired(tmp_path):
     assert len(points) == len(set(points)) == 2 * 4
 
     # A half-written result.json is named and moved aside (here its row survives, so nothing is redone;
-    # without a row its run is redone: tests/test_reliability_store.py).
+    # without a row its run is redone: tests/experiments/test_reliability_store.py).
     done = root / "runs" / ok_id / "result.json"
     done.write_text(done.read_text()[:100])
     third = cli("run", str(config), "--results", str(results))

@@ -30,7 +30,7 @@ from experiments.plots.paper import (
 from experiments.plots.style import IMPLEMENTATION_ORDER, OKABE_ITO, aggregate, crossover, pareto_front, style_for
 from experiments.store import CURVE_COLUMNS, RUN_COLUMNS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IMPLS = ["dense", "masked", "sparse_tensor", "tfmot"]
 SPARSITIES = [0.0, 0.5, 0.8, 0.9, 0.95, 0.98]
 SEEDS = [0, 1, 2]

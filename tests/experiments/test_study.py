@@ -205,7 +205,7 @@ def test_deployed_sparse_form_is_sparse_only_where_pruned_and_computes_the_same_
     import prune
     from prune.layers.sparse import SparseDense
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import deployed_latency
 
     plain = keras.Sequential([

@@ -12,7 +12,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

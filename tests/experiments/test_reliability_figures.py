@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments.figures import draw_figures, main, main_table, load_sweep_with_diverged
-from tests.test_figures import write_synthetic
+from tests.experiments.test_figures import write_synthetic
 
 
 def _edit(root: Path, fn) -> Path:

@@ -1,6 +1,6 @@
 """The runner's pattern, criterion and distribution axes: real training, old tables, the figure.
 
-Config parsing and validation of the axes are in ``tests/test_config.py``.
+Config parsing and validation of the axes are in ``tests/experiments/test_config.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from experiments.config import (
 )
 from experiments.store import RUN_COLUMNS, Store
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(impl: str, pattern: PatternConfig, criterion: str, sparsity: float) -> RunConfig:

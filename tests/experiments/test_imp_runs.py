@@ -18,7 +18,7 @@ from experiments.config import DatasetConfig, ImplementationConfig, ModelConfig,
 from experiments.data import load
 from experiments.imp_runs import LEVEL_COLUMNS, ImpParams, level_seed, train_imp
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(**changes) -> RunConfig:

@@ -33,7 +33,7 @@ from experiments.config import (
 )
 from experiments.grid import expand
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BASE = dict(name="t", implementations=["dense", "masked"], sparsities=[0.5], models=["lenet300"], datasets=["digits"])
 
 

@@ -31,9 +31,9 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from tests.test_figures import write_synthetic
+from tests.experiments.test_figures import write_synthetic
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 RESULTS = REPO / "results"
 NB01 = NOTEBOOKS / "01_compare_implementations.ipynb"

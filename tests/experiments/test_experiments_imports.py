@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.test_architecture import _cycles as cycles  # one cycle finder (Tarjan) for prune/ and experiments/
 
-PACKAGE = Path(__file__).resolve().parent.parent / "experiments"
+PACKAGE = Path(__file__).resolve().parents[2] / "experiments"
 LIMIT = 700  # lines; "about 600", the largest schema module (config.py) included
 
 

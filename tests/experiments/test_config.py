@@ -30,7 +30,7 @@ from experiments.config import (
 )
 from experiments.grid import expand
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 BASE = dict(
     name="t",
