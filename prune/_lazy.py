@@ -39,7 +39,9 @@ SERIALIZABLE = (
     "prune.layers.frozen",
     "prune.layers.masked_more",
 )
-"""The modules that register classes with ``keras.saving`` (and, ``masked_more``, prunable layer types)."""
+"""The modules that register classes with ``keras.saving``: the layer kinds (each with one
+:func:`prune.layers.kinds.register_layer` call where it is defined) and ``prune.freezing``'s constraints and
+optimizer. A layer kind in a new module needs that module here, since its registration runs only on import."""
 
 _lock = threading.RLock()
 _pending: list[Callable[[], None]] = []

@@ -26,12 +26,12 @@ from prune._internals import has_sublayers, input_shape_arg, layer_tracker
 from prune.layers.masked import (
     PrunableLayer,
     PruneLowMagnitude,
-    check_pruning_args,
     copy_or_share,
     is_custom_prunable,
     is_masked_layer,
 )
 from prune.distributions import get_distribution
+from prune.layers.scheduled import check_pruning_args
 from prune.notices import PruningWarning
 from prune.patterns import pattern_from_args
 from prune.pruning import prunable_layers

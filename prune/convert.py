@@ -41,6 +41,7 @@ import numpy as np
 from prune.api import _clone_layer, _convert, _to_masked, _to_plain
 from prune.kernels import check_matmul
 from prune.layers.masked import MaskedDense, PrunableLayer
+from prune.layers.scheduled import pruning_params_of
 from prune.layers.sparse import SparseDense
 from prune.targets import iter_layers
 from prune.registry import masked_class_for
@@ -62,7 +63,8 @@ def _check_to(to: Any) -> str:
 
 def _pruning_params(layer: Any) -> dict[str, Any]:
     # Carry schedule, pattern, criterion, scope and seed between masked and sparse forms (one engine drives both).
-    return {k: getattr(layer, k) for k in ("pruning_schedule", "pattern", "criterion", "scope", "seed") if hasattr(layer, k)}
+    params = pruning_params_of(layer)
+    return {} if params is None else params.as_kwargs()
 
 
 def _dense_kwargs(layer: Any) -> dict[str, Any]:

@@ -1,9 +1,13 @@
 """The pruning engine: one mask-update path for every prunable thing.
 
 **Protocol.** Every layer that answers the mask-target protocol
-(:mod:`prune.targets`: ``mask_targets()``) and has a ``pruning_schedule``
-takes part. The engine pairs each :class:`prune.targets.MaskTarget` with the
-layer's pruning parameters (schedule, pattern, criterion, scope, seed) in a
+(:mod:`prune.targets`: ``mask_targets()``) and is a scheduled layer with a
+schedule (:mod:`prune.layers.scheduled`: :func:`~prune.layers.scheduled.pruning_params_of`
+gives its :class:`~prune.layers.scheduled.PruningParams`) takes part; the
+scheduled layers are also the ones whose ``pruning_step`` counts the steps
+(:func:`~prune.layers.scheduled.keeps_step`). Nothing else of a layer is read.
+The engine pairs each :class:`prune.targets.MaskTarget` with the layer's
+pruning parameters (schedule, pattern, criterion, scope, seed) in a
 :class:`PruningEntry` and owns everything else::
 
     entries -> which schedules fire -> check (finite weights, gradients present)
@@ -34,6 +38,7 @@ from prune.scoring import ScoreContext, get_criterion
 from prune.optimizer_state import slots_for
 from prune.patterns import Pattern
 from prune import targets as _targets
+from prune.layers.scheduled import keeps_step, pruning_params_of
 from prune.targets import MaskTarget, mask_targets
 
 __all__ = [
@@ -115,17 +120,20 @@ def prunable_layers(model: Any) -> list[Any]:
 
 
 def prunable_entries(model: Any) -> list[PruningEntry]:
-    """A :class:`PruningEntry` for every mask target of the built layers in ``model`` that have a schedule."""
-    return [
-        PruningEntry(t, t.layer.pruning_schedule, t.layer.pattern, t.layer.criterion, t.layer.scope, t.layer.seed)
-        for t in mask_targets(model)
-        if getattr(t.layer, "pruning_schedule", None) is not None
-    ]
+    """A :class:`PruningEntry` for every mask target of the built scheduled layers in ``model`` that have a schedule."""
+    entries = []
+    for t in mask_targets(model):
+        params = pruning_params_of(t.layer)
+        if params is not None and params.pruning_schedule is not None:
+            entries.append(
+                PruningEntry(t, params.pruning_schedule, params.pattern, params.criterion, params.scope, params.seed)
+            )
+    return entries
 
 
 def stepped_layers(model: Any) -> list[Any]:
-    """Layers that keep a ``pruning_step`` counter: masked layers and ``SparseDense``."""
-    return [layer for layer in _targets.iter_layers(model) if getattr(type(layer), "keeps_pruning_step", False)]
+    """Layers that keep a ``pruning_step`` counter: the scheduled layers (masked layers and ``SparseDense``)."""
+    return [layer for layer in _targets.iter_layers(model) if keeps_step(layer)]
 
 
 def get_step(model: Any) -> int:

@@ -1,6 +1,8 @@
 """Which Keras layers can be pruned, and by which masked layer.
 
-A dict plus :func:`register_prunable`. Matching is by exact class: a user
+One dict, :data:`prune.layers.kinds.MASKED_TWINS`: prune's masked layers enter
+it where they are defined (``@register_layer(prunes=keras.layers.Dense)``), a
+user's through :func:`register_prunable`. Matching is by exact class: a user
 subclass of ``Dense`` may override ``call`` in ways the masked layer would
 silently drop, so it must be registered explicitly. Layers with no entry stay
 dense and are listed by :func:`prune.sparsity_report`.
@@ -14,25 +16,11 @@ import keras
 
 from prune._internals import sublayers
 from prune._lazy import settle
-from prune.layers.masked import (
-    MaskedConv1D,
-    MaskedConv2D,
-    MaskedDense,
-    MaskedEmbedding,
-    PrunableLayer,
-    is_custom_prunable,
-    is_masked_layer,
-)
+from prune.layers.kinds import MASKED_TWINS, register_twin
+from prune.layers.masked import PrunableLayer, is_custom_prunable, is_masked_layer
+from prune.layers.scheduled import keeps_step
 
 __all__ = ["register_prunable", "masked_class_for", "unsupported", "keeps_dense"]
-
-_PRUNABLE: dict[type, type] = {
-    keras.layers.Dense: MaskedDense,
-    keras.layers.Conv1D: MaskedConv1D,
-    keras.layers.Conv2D: MaskedConv2D,
-    keras.layers.Embedding: MaskedEmbedding,
-}
-
 
 # Layers with weights that tfmot's PruneRegistry supports with no prunable weight
 # (an empty list there): they stay dense by design and are not "unsupported".
@@ -63,11 +51,7 @@ def register_prunable(layer_class: type, masked_class: type) -> None:
     """
     if not (isinstance(masked_class, type) and issubclass(masked_class, PrunableLayer)):
         raise ValueError(f"masked_class must subclass prune.layers.PrunableLayer, got {masked_class!r}")
-    if not issubclass(masked_class, layer_class):
-        raise ValueError(f"masked_class {masked_class.__name__} must subclass layer_class {layer_class.__name__}")
-    if masked_class.base_class is None:
-        masked_class.base_class = layer_class
-    _PRUNABLE[layer_class] = masked_class
+    register_twin(layer_class, masked_class)
 
 
 def masked_class_for(layer: Any) -> type | None:
@@ -77,7 +61,7 @@ def masked_class_for(layer: Any) -> type | None:
     that says no (``MaskedRNN`` for a cell type it does not know).
     """
     settle()  # masked_more's registrations, if Keras was first imported part-way through a prune import
-    cls = _PRUNABLE.get(type(layer))
+    cls = MASKED_TWINS.get(type(layer))
     can_prune = getattr(cls, "can_prune", None)
     if cls is not None and can_prune is not None and not can_prune(layer):
         return None
@@ -116,7 +100,7 @@ def unsupported(model: Any) -> list[tuple[Any, list[Any]]]:
         seen.add(id(layer))
         if is_masked_layer(layer) or masked_class_for(layer) is not None or is_custom_prunable(layer):
             continue  # masked, or prunable (a registered class, or tfmot's get_prunable_weights())
-        if getattr(type(layer), "keeps_pruning_step", False) or keeps_dense(layer):
+        if keeps_step(layer) or keeps_dense(layer):
             continue  # carries its own sparsity (SparseDense)
         if isinstance(layer, keras.Model) or _has_prunable(layer):
             stack.extend(reversed(_children(layer)))

@@ -158,9 +158,9 @@ def prune_scope() -> Any:
     ``keras.models.load_model`` finds them without it. It exists so that tfmot
     code written as ``with prune_scope(): load_model(path)`` runs unchanged.
     """
-    from prune.registry import _PRUNABLE  # the registered masked classes, user ones included
+    from prune.layers.kinds import MASKED_TWINS  # the registered masked classes, user ones included
     from prune.schedules import _REGISTRY
 
-    objects = {cls.__name__: cls for cls in _PRUNABLE.values()}
+    objects = {cls.__name__: cls for cls in MASKED_TWINS.values()}
     objects.update(_REGISTRY)
     return keras.saving.custom_object_scope(objects)

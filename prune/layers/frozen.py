@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from prune.freezing import entry_stop_gradients
+from prune.layers.kinds import register_layer
 from prune.optimizer_state import zero_slot_entries
 
 __all__ = ["PartiallyFrozenEmbedding", "METHODS"]
@@ -83,7 +84,7 @@ class _RestoreFrozenRows:
         return tf.where(frozen, ref, w)
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer
 class PartiallyFrozenEmbedding(keras.layers.Layer):
     """Embedding whose frozen rows stay bitwise fixed under any optimizer.
 

@@ -38,15 +38,12 @@ import tensorflow as tf
 from keras import ops
 
 from prune import masks as _masks
-from prune.distributions import get_distribution
 from prune._internals import input_shape_arg, private_weight
-from prune.driving import require_driver
+from prune.layers.kinds import register_layer
+from prune.layers.scheduled import ScheduledLayer
 from prune.notices import PruningWarning
 from prune.optimizer_state import zero_slot_entries
-from prune.patterns import Pattern, as_pattern, serialize_pattern
 from prune.targets import MaskTarget
-from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
-from prune.scoring import get_criterion
 
 __all__ = [
     "PrunableLayer",
@@ -61,10 +58,7 @@ __all__ = [
     "MaskedEmbedding",
 ]
 
-_PRUNING_KEYS = ("pruning_schedule", "pattern", "criterion", "scope", "seed")
-
-
-class PrunableLayer:
+class PrunableLayer(ScheduledLayer):
     """Mixin for a Keras layer whose ``prunable_weight_names`` carry masks.
 
     Two ways to make a layer prunable:
@@ -72,9 +66,10 @@ class PrunableLayer:
     * **A masked twin** (how ``Dense``, ``Conv*`` and ``Embedding`` are done):
       subclass this mixin *first*, together with a Keras layer (``class
       MaskedDense(PrunableLayer, keras.layers.Dense)``), list the weights to
-      prune in ``prunable_weight_names``, set ``base_class`` to the plain
-      layer, make the forward pass use :meth:`masked_weight`, and register the
-      pair with :func:`prune.register_prunable`.
+      prune in ``prunable_weight_names``, make the forward pass use
+      :meth:`masked_weight`, and register it with one
+      ``@register_layer(prunes=PlainLayer)``
+      (:func:`prune.layers.kinds.register_layer`; it sets ``base_class``).
     * **tfmot's contract**: a custom layer that implements
       ``get_prunable_weights()`` (returning the variables to prune), whether it
       also subclasses ``prune.PrunableLayer`` (as tfmot's ``PrunableLayer``) or
@@ -83,7 +78,9 @@ class PrunableLayer:
       ``weight * mask`` in its forward pass.
 
     Every masked layer answers the mask-target protocol
-    (:meth:`mask_targets`, see :mod:`prune.targets`).
+    (:meth:`mask_targets`, see :mod:`prune.targets`), and keeps its pruning
+    parameters and step counter as every scheduled layer does
+    (:class:`prune.layers.ScheduledLayer`).
 
     Args:
         pruning_schedule: A schedule (ours, tfmot's, or a config dict), or
@@ -98,26 +95,6 @@ class PrunableLayer:
 
     prunable_weight_names: tuple[str, ...] = ("kernel",)
     base_class: type | None = None
-    keeps_pruning_step = True  # has a saved ``pruning_step`` counter (see prune.pruning.stepped_layers)
-
-    def __init__(
-        self,
-        *args: Any,
-        pruning_schedule: PruningSchedule | dict | Any | None = None,
-        pattern: Pattern | dict | None = None,
-        criterion: str = "magnitude",
-        scope: str = "layer",
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        schedule = None if pruning_schedule is None else as_schedule(pruning_schedule)
-        pattern = check_pruning_args(pattern, criterion, scope, seed)
-        super().__init__(*args, **kwargs)
-        self.pruning_schedule = schedule
-        self.pattern = pattern
-        self.criterion = criterion
-        self.scope = scope
-        self.seed = int(seed)
 
     # -- state -----------------------------------------------------------
     def build(self, input_shape: Any = None) -> None:
@@ -135,26 +112,13 @@ class PrunableLayer:
                 autocast=True,
             )
             setattr(self, f"{name}_mask", mask)  # a plain attribute: tf.train.Checkpoint tracks it by name
-        self.pruning_step = self.add_weight(
-            name="pruning_step", shape=(), initializer="zeros", dtype="int64", trainable=False
-        )
+        self.add_step_counter()
         for name in self.prunable_weight_names:
             self.pattern.check(tuple(self._weight(name).shape), f"{self.name}.{name}")
 
     def _weight(self, name: str) -> Any:
         private = private_weight(self, name)  # Dense/Embedding keep the variable in _kernel/_embeddings
         return private if private is not None else getattr(self, name)
-
-    def advance_step(self, training: Any) -> None:
-        """Count one training step, inside the compiled step (no eager op per batch).
-
-        Called by ``call`` with its ``training`` argument; counts Python-true
-        ``training`` only. A layer called several times in one training step
-        (a shared layer) counts each call.
-        """
-        if isinstance(training, bool) and training and self.built:
-            require_driver(self)  # Python, at trace time: no per-step cost (prune/driving.py)
-            self.pruning_step.assign_add(1)
 
     def weight_and_mask(self, name: str) -> tuple[Any, Any]:
         """The variable ``name`` and its mask variable."""
@@ -229,44 +193,6 @@ class PrunableLayer:
 
     def load_own_variables(self, store: Any) -> None:
         keras.layers.Layer.load_own_variables(self, store)
-
-    def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
-        config.update(
-            pruning_schedule=None if self.pruning_schedule is None else serialize_schedule(self.pruning_schedule),
-            pattern=serialize_pattern(self.pattern),
-            criterion=self.criterion,
-            scope=self.scope,
-            seed=self.seed,
-        )
-        return config
-
-    def pruning_params(self) -> dict[str, Any]:
-        """The pruning arguments of this layer (schedule and pattern objects, criterion, scope, seed)."""
-        return {k: getattr(self, k) for k in _PRUNING_KEYS}
-
-    @classmethod
-    def plain_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        """``config`` without the pruning keys: the base layer's config."""
-        return {k: v for k, v in config.items() if k not in _PRUNING_KEYS}
-
-
-def check_pruning_args(pattern: Any, criterion: str, scope: str, seed: Any) -> Pattern:
-    """Validate the pruning arguments shared by every prunable layer; returns the pattern.
-
-    Raises:
-        ValueError: naming the argument and the value.
-    """
-    pattern = as_pattern(pattern)
-    get_criterion(criterion)
-    dist = get_distribution(scope)
-    if not pattern.has_units and not dist.structured:
-        raise ValueError(f"pattern {pattern!r} fixes the sparsity of every group and needs scope='layer', got scope={scope!r}")
-    if getattr(pattern, "keep_one", False) and dist.grouped:
-        raise ValueError(f"keep_one=True of pattern {pattern!r} is tfmot's rule per weight and needs scope='layer', got scope={scope!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    return pattern
 
 
 def is_masked_layer(layer: Any) -> bool:
@@ -380,14 +306,13 @@ def _reject_lora_and_quantization(layer: Any) -> None:
         raise ValueError(f"quantization_mode={layer.quantization_mode!r} is not supported by {type(layer).__name__}")
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.Dense)
 class MaskedDense(PrunableLayer, keras.layers.Dense):
     """``keras.layers.Dense`` with ``kernel_mask`` beside ``kernel``.
 
     Takes every ``Dense`` argument plus the :class:`PrunableLayer` ones.
     """
 
-    base_class = keras.layers.Dense
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -427,21 +352,17 @@ class _MaskedConvMixin:
             object.__setattr__(self, "_masking", False)
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.Conv1D)
 class MaskedConv1D(PrunableLayer, _MaskedConvMixin, keras.layers.Conv1D):
     """``keras.layers.Conv1D`` with ``kernel_mask`` beside ``kernel``."""
 
-    base_class = keras.layers.Conv1D
 
-
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.Conv2D)
 class MaskedConv2D(PrunableLayer, _MaskedConvMixin, keras.layers.Conv2D):
     """``keras.layers.Conv2D`` with ``kernel_mask`` beside ``kernel``."""
 
-    base_class = keras.layers.Conv2D
 
-
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.Embedding)
 class MaskedEmbedding(PrunableLayer, keras.layers.Embedding):
     """``keras.layers.Embedding`` with ``embeddings_mask`` beside ``embeddings``.
 
@@ -450,7 +371,6 @@ class MaskedEmbedding(PrunableLayer, keras.layers.Embedding):
     """
 
     prunable_weight_names = ("embeddings",)
-    base_class = keras.layers.Embedding
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -465,7 +385,7 @@ class MaskedEmbedding(PrunableLayer, keras.layers.Embedding):
         return ops.cast(outputs, dtype=self.compute_dtype)
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer
 class PruneLowMagnitude(PrunableLayer, keras.layers.Wrapper):
     """Masks for a custom layer that implements tfmot's ``get_prunable_weights()``.
 

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import keras
 
 from prune.layers.masked import RNN_CELLS, PrunableLayer, _MaskedConvMixin, rnn_cells
-from prune.registry import register_prunable
+from prune.layers.kinds import register_layer
 
 __all__ = [
     "MaskedConv3D",
@@ -90,43 +90,37 @@ class _SwapConv(_SwapMasked):
             return super().call(inputs)  # type: ignore[misc]
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.Conv3D)
 class MaskedConv3D(PrunableLayer, _MaskedConvMixin, keras.layers.Conv3D):
     """``keras.layers.Conv3D`` with ``kernel_mask`` beside ``kernel``."""
 
-    base_class = keras.layers.Conv3D
 
-
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.Conv2DTranspose)
 class MaskedConv2DTranspose(PrunableLayer, _SwapConv, keras.layers.Conv2DTranspose):
     """``keras.layers.Conv2DTranspose`` with ``kernel_mask`` beside ``kernel``."""
 
-    base_class = keras.layers.Conv2DTranspose
     _slots = {"kernel": ("", "kernel")}
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.Conv3DTranspose)
 class MaskedConv3DTranspose(PrunableLayer, _SwapConv, keras.layers.Conv3DTranspose):
     """``keras.layers.Conv3DTranspose`` with ``kernel_mask`` beside ``kernel``."""
 
-    base_class = keras.layers.Conv3DTranspose
     _slots = {"kernel": ("", "kernel")}
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.SeparableConv1D)
 class MaskedSeparableConv1D(PrunableLayer, _SwapConv, keras.layers.SeparableConv1D):
     """``keras.layers.SeparableConv1D`` with ``pointwise_kernel_mask``; the depthwise kernel stays dense (as in tfmot)."""
 
-    base_class = keras.layers.SeparableConv1D
     prunable_weight_names = ("pointwise_kernel",)
     _slots = {"pointwise_kernel": ("", "pointwise_kernel")}
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.SeparableConv2D)
 class MaskedSeparableConv2D(PrunableLayer, _SwapConv, keras.layers.SeparableConv2D):
     """``keras.layers.SeparableConv2D`` with ``pointwise_kernel_mask``; the depthwise kernel stays dense (as in tfmot)."""
 
-    base_class = keras.layers.SeparableConv2D
     prunable_weight_names = ("pointwise_kernel",)
     _slots = {"pointwise_kernel": ("", "pointwise_kernel")}
 
@@ -138,7 +132,7 @@ class _MHABuild(keras.layers.MultiHeadAttention):
         keras.layers.MultiHeadAttention.build(self, *shapes)
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.MultiHeadAttention)
 class MaskedMultiHeadAttention(PrunableLayer, _SwapMasked, _MHABuild):
     """``keras.layers.MultiHeadAttention`` with masks on its four projection kernels.
 
@@ -148,7 +142,6 @@ class MaskedMultiHeadAttention(PrunableLayer, _SwapMasked, _MHABuild):
     etc. on this layer; the projection biases stay dense.
     """
 
-    base_class = keras.layers.MultiHeadAttention
     prunable_weight_names = ("query_kernel", "key_kernel", "value_kernel", "output_kernel")
     _slots = {
         "query_kernel": ("_query_dense", "_kernel"),
@@ -208,33 +201,28 @@ class _SwapRNN(_SwapMasked):
             return super().call(sequences, initial_state=initial_state, mask=mask, training=training)  # type: ignore[misc]
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.SimpleRNN)
 class MaskedSimpleRNN(PrunableLayer, _SwapRNN, keras.layers.SimpleRNN):
     """``keras.layers.SimpleRNN`` with masks on its cell's ``kernel`` and ``recurrent_kernel``."""
 
-    base_class = keras.layers.SimpleRNN
     prunable_weight_names = ("kernel", "recurrent_kernel")
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.GRU)
 class MaskedGRU(PrunableLayer, _SwapRNN, keras.layers.GRU):
     """``keras.layers.GRU`` with masks on its cell's ``kernel`` and ``recurrent_kernel``."""
 
-    base_class = keras.layers.GRU
     prunable_weight_names = ("kernel", "recurrent_kernel")
 
 
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.LSTM)
 class MaskedLSTM(PrunableLayer, _SwapRNN, keras.layers.LSTM):
     """``keras.layers.LSTM`` with masks on its cell's ``kernel`` and ``recurrent_kernel``."""
 
-    base_class = keras.layers.LSTM
     prunable_weight_names = ("kernel", "recurrent_kernel")
 
 
-
-
-@keras.saving.register_keras_serializable(package="prune")
+@register_layer(prunes=keras.layers.RNN)
 class MaskedRNN(PrunableLayer, _SwapRNN, keras.layers.RNN):
     """``keras.layers.RNN`` over ``SimpleRNNCell``, ``GRUCell`` or ``LSTMCell`` cells, one or a stack of them.
 
@@ -246,8 +234,6 @@ class MaskedRNN(PrunableLayer, _SwapRNN, keras.layers.RNN):
     Raises:
         ValueError: a cell of another type (it would stay dense, unmasked).
     """
-
-    base_class = keras.layers.RNN
 
     def __init__(self, cell: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(cell, *args, **kwargs)
@@ -272,18 +258,3 @@ class MaskedRNN(PrunableLayer, _SwapRNN, keras.layers.RNN):
         if name.startswith("cell_") and name in self.__dict__.get("prunable_weight_names", ()):
             return self._variable(name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-
-for _masked in (
-    MaskedConv3D,
-    MaskedConv2DTranspose,
-    MaskedConv3DTranspose,
-    MaskedSeparableConv1D,
-    MaskedSeparableConv2D,
-    MaskedMultiHeadAttention,
-    MaskedSimpleRNN,
-    MaskedGRU,
-    MaskedLSTM,
-    MaskedRNN,
-):
-    register_prunable(_masked.base_class, _masked)

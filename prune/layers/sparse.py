@@ -71,7 +71,9 @@ along the output axis (C = 4, 8, 16 or 32, e.g. a ``Block((r, 16))`` pattern),
 ``values`` already are the tiles, one after another) and the native ops run
 their block kernels: no variable changes, so the saved format is today's.
 
-``SparseDense`` is deliberately not a :class:`prune.layers.PrunableLayer`:
+``SparseDense`` is a :class:`prune.layers.ScheduledLayer` (pruning parameters
+and step counter as every layer the engine drives), but deliberately not a
+:class:`prune.layers.PrunableLayer`:
 it has no dense ``kernel`` or ``kernel_mask`` for :func:`prune.strip_pruning`
 or :func:`prune.apply_masked_gradients` to act on, and a dense mask variable
 would defeat the memory saving. In a custom loop call
@@ -91,13 +93,13 @@ import tensorflow as tf
 
 from prune._internals import backing_variable, override_call, own_variables, set_backing_variable, set_variable_shape
 from prune import kernels, native
-from prune.driving import require_driver
 from prune import masks as _masks
-from prune.layers.masked import check_pruning_args
+from prune.layers.kinds import register_layer
+from prune.layers.scheduled import ScheduledLayer
 from prune.optimizer_state import slots_for
-from prune.patterns import Pattern, num_zeros, serialize_pattern
+from prune.patterns import Pattern, num_zeros
 from prune.targets import MaskTarget, iter_layers
-from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
+from prune.schedules import PruningSchedule
 
 __all__ = ["SparseDense", "sparse_layers"]
 
@@ -136,8 +138,8 @@ def _store_source(store: Any) -> str | None:
     return None
 
 
-@keras.saving.register_keras_serializable(package="prune")
-class SparseDense(keras.layers.Layer):
+@register_layer
+class SparseDense(ScheduledLayer, keras.layers.Layer):
     """Fully connected layer with a sparse weight: ``activation(x @ W + bias)``.
 
     Build it from a dense matrix and mask with :meth:`from_dense`, from COO
@@ -165,14 +167,14 @@ class SparseDense(keras.layers.Layer):
         pattern: A :mod:`prune.patterns` value (default ``Unstructured()``).
         criterion: Registered criterion name (:func:`prune.criteria`).
         scope: ``"layer"``, ``"global"`` or ``"erk"``, as for masked layers.
+            These four and ``seed`` are the layer's
+            :class:`prune.layers.PruningParams` (:class:`prune.layers.ScheduledLayer`).
         **kwargs: Keras layer arguments (``name``, ``dtype``, ...).
 
     Raises:
         ValueError: unknown ``matmul``, bad ``sparsity``, ``units``,
             ``criterion`` or ``scope``.
     """
-
-    keeps_pruning_step = True  # has a saved ``pruning_step`` counter (see prune.pruning.stepped_layers)
 
     def __init__(
         self,
@@ -198,8 +200,9 @@ class SparseDense(keras.layers.Layer):
             raise ValueError(f"sparsity must be in [0, 1], got {sparsity!r}")
         if nnz is not None and (isinstance(nnz, bool) or not isinstance(nnz, (int, np.integer)) or nnz < 0):
             raise ValueError(f"nnz must be a non-negative integer or None, got {nnz!r}")
-        pattern = check_pruning_args(pattern, criterion, scope, seed)
-        super().__init__(**kwargs)
+        super().__init__(
+            pruning_schedule=pruning_schedule, pattern=pattern, criterion=criterion, scope=scope, seed=seed, **kwargs
+        )
         self.units = int(units)
         self.activation = keras.activations.get(activation)
         self.use_bias = bool(use_bias)
@@ -207,12 +210,7 @@ class SparseDense(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.matmul = matmul
         self.sparsity = float(sparsity)
-        self.seed = int(seed)
         self._config_nnz = None if nnz is None else int(nnz)
-        self.pruning_schedule = None if pruning_schedule is None else as_schedule(pruning_schedule)
-        self.criterion = criterion
-        self.scope = scope
-        self.pattern = pattern
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self.input_spec = keras.layers.InputSpec(min_ndim=2)
         # Keras turns XLA off for a model with a layer that says False, with a warning naming none; True lets
@@ -326,9 +324,7 @@ class SparseDense(keras.layers.Layer):
             if self.use_bias
             else None
         )
-        self.pruning_step = self.add_weight(
-            name="pruning_step", shape=(), initializer="zeros", dtype="int64", trainable=False
-        )
+        self.add_step_counter()
         # Last, so that files saved before it existed hold a prefix of the variables (see load_own_variables).
         self.native_structure = self.add_weight(
             name="native_structure", shape=(len(idx) * 3 + n_in + self.units + 2,), initializer="zeros",
@@ -371,9 +367,7 @@ class SparseDense(keras.layers.Layer):
 
     # -- forward ---------------------------------------------------------------
     def call(self, inputs: Any, training: Any = None) -> Any:
-        if isinstance(training, bool) and training:
-            require_driver(self)  # a schedule with nothing driving it: raise, at trace time (prune/driving.py)
-            self.pruning_step.assign_add(1)  # the saved step counter, advanced inside the compiled step
+        self.advance_step(training)  # the saved step counter, advanced inside the compiled step
         kernels.check_xla(self.matmul, f"SparseDense layer {self.name!r}")
         x = tf.convert_to_tensor(inputs)
         if x.dtype != self.values.dtype:
@@ -759,13 +753,8 @@ class SparseDense(keras.layers.Layer):
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
             matmul=self.matmul,
             sparsity=self.sparsity,
-            seed=self.seed,
             nnz=self.nnz if self.built else self._config_nnz,
-            pruning_schedule=None if self.pruning_schedule is None else serialize_schedule(self.pruning_schedule),
-            criterion=self.criterion,
-            scope=self.scope,
-            pattern=serialize_pattern(self.pattern),
-        )
+        )  # the pruning keys (seed among them): ScheduledLayer.get_config
         return config
 
 
