@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from experiments.library_names import DST_DISTRIBUTION, IMP_SCOPES
+from experiments.library_names import DST_DISTRIBUTION, IMP_SCOPES, SPARSE_TRAINING
 from experiments.library_names import imp as imp_library
 from experiments.axis_registry import ConfigError, Registry, check_range, choice
 
@@ -297,17 +297,49 @@ class _DstParams:
         choice("gradient_batch", self.gradient_batch, ("fixed", "current"), "gradient_batch")
 
 
-@dataclasses.dataclass(frozen=True)
-class SetParams(_DstParams):
-    """``set`` (Mocanu et al. 2018): drop 0.3 of the live weights every 100 steps, regrow at random, no decay."""
+def _own_params_error(name: str, err: ValueError) -> ConfigError:
+    """A library algorithm's ``ValueError`` ("lam must be ...") as a :class:`ConfigError` at the field it names."""
+    text = str(err)
+    field = text.split(" ", 1)[0]
+    return ConfigError(field, text.split(" ", 1)[1]) if " " in text else ConfigError(f"method {name!r}", text)
 
 
-@dataclasses.dataclass(frozen=True)
-class RiglParams(_DstParams):
-    """``rigl`` (Evci et al. 2020): drop 0.3 every 100 steps, regrow by dense gradient, cosine decay to 0 at 75%."""
+def _dst_params_class(name: str, algorithm: type) -> type:
+    """The frozen Params dataclass of the sparse-training method ``name``, made from the library's algorithm.
 
-    end: float = 0.75
-    decay: str = "cosine"
+    Fields: :class:`_DstParams`' (the runner's side of :class:`prune.DynamicSparsity`), with the paper's settings
+    as defaults (``algorithm.paper``; ``decay`` from ``default_decay``), then the algorithm's own parameters
+    (``algorithm.own_params``), validated by the algorithm's constructor. A method registered in
+    :mod:`prune.algorithms` is a method of the runner with no change here. Fields left at their defaults are
+    not part of a run's hash, so a new field changes no run id.
+    """
+    base = {f.name: f.default for f in dataclasses.fields(_DstParams)}
+    overrides = {"decay": algorithm.default_decay, **{k: v for k, v in algorithm.paper.items() if k in base}}
+    fields = [(k, type(v), dataclasses.field(default=v)) for k, v in overrides.items() if v != base[k]]
+    fields += [(k, type(v), dataclasses.field(default=v)) for k, v in algorithm.own_params.items()]
+
+    def __post_init__(self: Any) -> None:
+        _DstParams.__post_init__(self)
+        try:  # the algorithm's own checks, with a placeholder length of training (a run's own is checked in check)
+            own = {k: getattr(self, k) for k in algorithm.own_params}
+            algorithm.for_run(0.99, update_every=self.update_every, drop_fraction=self.drop_fraction, end_step=10**6,
+                              decay=self.decay, drop=self.drop, **own)
+        except ValueError as err:
+            raise _own_params_error(name, err) from None
+
+    doc = (f"``{name}`` (:class:`{algorithm.__module__}.{algorithm.__qualname__}`): {(algorithm.__doc__ or '').strip().splitlines()[0]}")
+    return dataclasses.make_dataclass(f"{name.capitalize()}Params", fields, bases=(_DstParams,), frozen=True,
+                                      namespace={"__post_init__": __post_init__, "__doc__": doc,
+                                                 "__module__": __name__})
+
+
+DST_PARAMS = {name: _dst_params_class(name, cls) for name, cls in SPARSE_TRAINING.items() if cls.moves}
+"""The Params class of each registered sparse-training algorithm that moves masks, by method name."""
+globals().update({cls.__name__: cls for cls in DST_PARAMS.values()})  # importable by name: runs are pickled to workers
+SetParams = DST_PARAMS["set"]
+"""``set`` (Mocanu et al. 2018): drop 0.3 of the live weights every 100 steps, regrow at random, no decay."""
+RiglParams = DST_PARAMS["rigl"]
+"""``rigl`` (Evci et al. 2020): drop 0.3 every 100 steps, regrow by dense gradient, cosine decay to 0 at 75%."""
 
 
 ImpParams = imp_library.ImpParams
@@ -362,6 +394,14 @@ def _check_one_shot(run: Run) -> None:
 
 def _check_sparse_training(run: Run) -> None:
     name = run.method.name
+    algorithm = SPARSE_TRAINING[name]
+    if algorithm.moves:  # the algorithm's own checks at this run's sparsity (GraNet: initial below final)
+        p = run.method.params
+        try:
+            algorithm.for_run(run.sparsity, update_every=p.update_every, drop_fraction=p.drop_fraction,
+                              end_step=10**6, decay=p.decay, drop=p.drop, **{k: getattr(p, k) for k in algorithm.own_params})
+        except ValueError as err:
+            raise _own_params_error(name, err) from None
     if run.pattern.name != "unstructured":
         raise ConfigError("pattern", f"method {name!r} moves single weights (prune.dst); it needs 'unstructured'")
     if run.criterion != "magnitude":
@@ -533,7 +573,8 @@ METHODS.register(
         check=_check_snip,
     )
 )
-for _name, _params in (("set", SetParams), ("rigl", RiglParams), ("static", NoParams)):
+for _name, _cls in SPARSE_TRAINING.items():  # every registered sparse-training algorithm is a method
+    _params = DST_PARAMS.get(_name, NoParams)
     METHODS.register(
         Method(
             _name,

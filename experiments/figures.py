@@ -62,6 +62,8 @@ from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
 
+from experiments.library_names import DST_METHODS
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -488,7 +490,7 @@ def method_tables(
     runs_dir = Path(runs_dir)
     imp_ids = runs.loc[runs["method"] == "imp", "run_id"].tolist()
     levels = _run_tables(runs_dir, imp_ids, "levels.csv", notes) if imp_ids else None
-    dst = runs[runs["method"].isin(["set", "rigl"])]
+    dst = runs[runs["method"].isin(list(DST_METHODS))]
     updates = None
     if not dst.empty:
         updates = _run_tables(runs_dir, dst["run_id"].tolist(), "mask_updates.csv")
@@ -521,7 +523,7 @@ def _add_method_figures(
     add(f"accuracy_by_method{sfx}", lambda: plot_accuracy_by_method(runs, levels() if imp else None))
     if imp:
         add(f"imp_levels{sfx}", lambda: plot_imp_levels(levels()))
-    if runs["method"].isin(["set", "rigl"]).any():
+    if runs["method"].isin(list(DST_METHODS)).any():
         add(f"mask_changes{sfx}", lambda: plot_mask_changes(updates()))
 
 

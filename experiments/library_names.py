@@ -14,6 +14,8 @@ Nothing else in ``experiments/`` spells these names.
 from __future__ import annotations
 
 from prune import imp
+from prune.algorithms import algorithms as _algorithms
+from prune.algorithms import get_algorithm as _get_algorithm
 from prune.counting import REPORT_COLUMNS as _REPORT_COLUMNS
 from prune.distributions import distributions as _distributions
 from prune.patterns import _POOLINGS
@@ -26,6 +28,7 @@ __all__ = [
     "DISTRIBUTIONS",
     "DST_DISTRIBUTION",
     "DST_METHODS",
+    "SPARSE_TRAINING",
     "IMP_SCOPES",
     "PATTERN_CLASSES",
     "POOLINGS",
@@ -41,8 +44,12 @@ DISTRIBUTIONS = tuple(_distributions())
 """``prune.distributions``' registry: how the sparsity spreads over layers (``scope=`` of ``prune_low_magnitude``)."""
 DST_DISTRIBUTION = {name: name for name in _distributions(with_zeros=True)}
 """The distributions sparse training can start from (exact random zeros per weight), as ``prune.sparse_init`` takes them."""
-DST_METHODS = {"set": False, "rigl": True}
-"""``prune.dst.METHODS``, each saying whether it regrows by gradient (needs ``gradient_data``); checked equal by a test."""
+SPARSE_TRAINING = {name: _get_algorithm(name) for name in _algorithms()}
+"""``prune.algorithms``' registry: every sparse-training algorithm class by name (``static``, ``set``, ``rigl``,
+``mest``, ``granet``, and any registered later). The runner offers each as a method, with its paper's settings
+and its own parameters (:attr:`prune.algorithms.SparseTraining.paper`, ``own_params``)."""
+DST_METHODS = {name: cls.needs_gradient for name, cls in SPARSE_TRAINING.items() if cls.moves}
+"""The algorithms that move masks (``prune.dst.METHODS``), each saying whether it needs ``gradient_data``."""
 IMP_SCOPES = ("layer", "global")
 """The distributions the runner's IMP prunes by magnitude with: Frankle and Carbin's (layerwise for fully connected
 networks, global for deeper ones). ``prune.lottery.magnitude_masks`` takes every registered distribution (ERK too);

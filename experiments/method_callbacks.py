@@ -19,7 +19,7 @@ from experiments.data import Data
 from experiments.store import atomic_write
 from experiments.tables import MASK_UPDATE_COLUMNS
 
-from experiments.library_names import DST_DISTRIBUTION, DST_METHODS
+from experiments.library_names import DST_DISTRIBUTION, SPARSE_TRAINING
 
 __all__ = ["scheduled", "sparse_training"]
 
@@ -34,11 +34,13 @@ def scheduled(run: RunConfig, data: Data, model: Any, spe: int, run_dir: Path) -
 def sparse_training(
     run: RunConfig, data: Data, model: Any, spe: int, run_dir: Path
 ) -> tuple[list[Any], Callable[[], None]]:
-    """``static``, ``set``, ``rigl``: a random mask at the target from step 0 (:func:`prune.sparse_init`), then
-    :class:`prune.DynamicSparsity` for SET and RigL.
+    """The sparse-training methods (``static``, ``set``, ``rigl``, ``mest``, ``granet``: every algorithm of
+    :mod:`prune.algorithms`): a random mask from step 0 (:func:`prune.sparse_init`, at the run's sparsity, or at
+    the algorithm's :meth:`~prune.algorithms.SparseTraining.start_sparsity`: GraNet's ``initial_sparsity``), then
+    :class:`prune.DynamicSparsity` running the algorithm, for those that move masks.
 
-    RigL's dense gradient is taken on the run's fixed gradient batch
-    (:func:`experiments.implementations.fixed_batch`), the same at every update,
+    The gradient of the algorithms that need one (RigL's growth, MEST's drop, GraNet's regeneration) is taken on
+    the run's fixed gradient batch (:func:`experiments.implementations.fixed_batch`), the same at every update,
     as the gradient criteria are, or with ``gradient_batch = "current"`` on the
     batch the update's step trains on (:func:`experiments.train.current_batch`),
     as rigl's code does. ``drop = "per_sign"`` is SET's own drop. ``end`` is
@@ -51,34 +53,36 @@ def sparse_training(
 
     from experiments.implementations import fixed_batch
 
-    prune.sparse_init(model, run.sparsity, distribution=DST_DISTRIBUTION[run.distribution], seed=run.seed)
+    algorithm_class = SPARSE_TRAINING[run.method.name]
     callbacks: list[Any] = []
-    if run.method.name in DST_METHODS:
+    start = run.sparsity
+    if algorithm_class.moves:
         import keras
 
         from experiments.train import current_batch
 
         p = run.method.params
         total = spe * run.training.epochs
+        algorithm = algorithm_class.for_run(
+            run.sparsity,
+            update_every=p.update_every,
+            drop_fraction=p.drop_fraction,
+            end_step=max(1, int(round(p.end * total))),
+            decay=p.decay,
+            seed=run.seed,
+            drop=p.drop,
+            **{k: getattr(p, k) for k in algorithm_class.own_params},
+        )
+        start = algorithm.start_sparsity(run.sparsity)
         gradient_data = None
-        if DST_METHODS[run.method.name]:
+        if algorithm.needs_gradient:
             if p.gradient_batch == "current":
                 gradient_data = current_batch(keras, run.training.batch_size)
                 callbacks.append(gradient_data)  # before DynamicSparsity: it knows the batch when the update asks
             else:
                 gradient_data = fixed_batch(run, data)
-        callbacks.append(
-            prune.DynamicSparsity(
-                run.method.name,
-                update_every=p.update_every,
-                drop_fraction=p.drop_fraction,
-                end_step=max(1, int(round(p.end * total))),
-                decay=p.decay,
-                seed=run.seed,
-                gradient_data=gradient_data,
-                drop=p.drop,
-            )
-        )
+        callbacks.append(prune.DynamicSparsity(algorithm, gradient_data=gradient_data))
+    prune.sparse_init(model, start, distribution=DST_DISTRIBUTION[run.distribution], seed=run.seed)
 
     def finish() -> None:
         history = callbacks[-1].history if callbacks else []

@@ -226,7 +226,7 @@ def test_the_engine_imports_without_tensorflow_or_keras():
     )
     assert out["heavy"] == []
     assert out["sparsity"] == pytest.approx(0.8) and out["distributions"] == ["layer", "global", "erk"]
-    assert out["gradient"] == ["movement", "snip", "taylor"] and "magnitude" in out["criteria"]
+    assert out["gradient"] == ["gradient", "movement", "snip", "taylor"] and "magnitude" in out["criteria"]
 
 
 def test_keras_side_loads_on_first_use_and_registers_for_loading():

@@ -243,7 +243,7 @@ def test_dry_run_lists_the_grid_and_writes_nothing(tmp_path, capsys):
         ({"patterns": [{"name": "block", "size": [4]}]}, "patterns[0].size", "must be two integers [r, c], got [4]"),
         ({"patterns": [{"name": "block", "size": [0, 4]}]}, "patterns[0].size[0]", "must be >= 1, got 0"),
         ({"patterns": [{"name": "block", "siz": [4, 4]}]}, "patterns[0].siz", "unknown key; did you mean 'size'? (valid keys: name, m, n, size, pooling)"),
-        ({"criteria": ["snp"]}, "criteria[0]", "unknown criterion 'snp'; did you mean 'snip'? (valid: magnitude, movement, random, snip, taylor)"),
+        ({"criteria": ["snp"]}, "criteria[0]", "unknown criterion 'snp'; did you mean 'snip'? (valid: gradient, magnitude, movement, random, snip, taylor)"),
         ({"criteria": []}, "criteria", "is empty, so the grid is empty; give at least one value"),
         ({"distributions": ["erdos"]}, "distributions[0]", "unknown distribution 'erdos' (valid: layer, global, erk)"),
         ({"distributions": ["Global"]}, "distributions[0]", "unknown distribution 'Global'; did you mean 'global'? (valid: layer, global, erk)"),
@@ -378,7 +378,7 @@ def test_library_names_equal_the_library_registries():
     """experiments.library_names reads the library's registries (the report's columns are a checked copy)."""
     import prune
     from experiments import axes, library_names
-    from prune import distributions, dst, imp, lottery, patterns, report, scoring
+    from prune import counting, distributions, dst, imp, lottery, patterns, scoring
 
     assert set(library_names.CRITERIA) == set(scoring.criteria())
     gradient = {c for c in scoring.criteria() if "gradient" in scoring.get_criterion(c).needs}
@@ -388,6 +388,6 @@ def test_library_names_equal_the_library_registries():
     assert tuple(library_names.DST_METHODS) == dst.METHODS
     assert set(library_names.DST_DISTRIBUTION.values()) == set(dst.DISTRIBUTIONS) == {"layer", "erk"}
     assert library_names.PATTERN_CLASSES == tuple(patterns.patterns())
-    assert library_names.REPORT_COLUMNS == report.REPORT_COLUMNS
+    assert library_names.REPORT_COLUMNS is counting.REPORT_COLUMNS
     assert {k.library for k in axes.PATTERNS} == set(patterns.patterns())
     assert library_names.imp is imp and axes.ImpParams is imp.ImpParams and prune.lottery is lottery

@@ -49,7 +49,7 @@ def error_of(**changes) -> ConfigError:
 @pytest.mark.parametrize(
     "methods, path, message",
     [
-        (["rigel"], "methods[0].name", "unknown method 'rigel'; did you mean 'rigl'? (valid: gmp, one_shot, snip, set, rigl, static, imp)"),
+        (["rigel"], "methods[0].name", "unknown method 'rigel'; did you mean 'rigl'? (valid: gmp, one_shot, snip, granet, mest, rigl, set, static, imp)"),
         ([{"name": "rigl", "drop_fraktion": 0.5}], "methods[0].drop_fraktion", "unknown key for method 'rigl'; did you mean 'drop_fraction'? (valid keys: name, update_every, drop_fraction, end, decay, drop, gradient_batch, sparsities)"),
         ([{"name": "set", "drop_fraction": 1.5}], "methods[0].drop_fraction", "must be in (0, 1], got 1.5"),
         ([{"name": "set", "update_every": 0}], "methods[0].update_every", "must be >= 1, got 0"),
@@ -243,6 +243,38 @@ def test_set_and_rigl_runs_move_masks_at_exact_counts_and_log_every_update(tmp_p
             assert last < first
         for key, kernel in out["kernels"].items():
             assert np.count_nonzero(kernel) <= live[f"{key}/kernel"]
+
+
+def test_mest_and_granet_run_from_a_sweep_config_with_their_own_parameters(tmp_path):
+    """Registered in prune.algorithms only: the runner offers them, validates their own parameters and runs them."""
+    sweep = {**BASE, "implementations": ["masked"], "sparsities": [0.8],
+             "methods": [{"name": "mest", "update_every": 4, "lam": 0.5},
+                         {"name": "granet", "update_every": 4, "initial_sparsity": 0.5, "scope": "layer"}]}
+    runs = {r.method.name: r for r in expand(parse_sweep(sweep)) if r.implementation.name == "masked"}
+    assert runs["mest"].method.params == axes.MestParams(update_every=4, lam=0.5)
+    assert runs["granet"].method.params.drop_fraction == 0.5 and runs["granet"].method.params.decay == "cosine"
+    assert json.loads(canonical_json(runs["mest"]))["method"] == {"name": "mest", "update_every": 4, "lam": 0.5}
+    spe = 23  # 1437 digits training examples, batch 64
+    for name in ("mest", "granet"):
+        run = dataclasses.replace(runs[name], model=ModelConfig("mlp", (16,)), training=TrainingConfig(epochs=1))
+        _train(run, tmp_path / name)
+        log = pd.read_csv(tmp_path / name / "mask_updates.csv")
+        assert sorted(set(log["step"])) == list(range(4, spe, 4)) and log["dropped"].sum() > 0
+        live = log.pivot(index="step", columns="key", values="live")
+        if name == "mest":  # an exchange: every weight keeps the live count sparse_init gave it
+            assert (live.nunique() == 1).all() and live.iloc[0]["dense_0/kernel"] == 1024 - round(0.8 * 1024)
+        else:  # from 50% to 80% along the cubic schedule, ending at 110/160 of the training (layer scope: exact)
+            assert (live.diff().dropna() <= 0).all().all()
+            assert live.iloc[-1]["dense_0/kernel"] == 1024 - round(0.8 * 1024)
+            assert live.iloc[0]["dense_0/kernel"] > 1024 - round(0.8 * 1024)
+    for bad, path, message in [
+        ({"name": "mest", "lam": -1.0}, "lam", "must be a number in [0, inf), got -1.0"),
+        ({"name": "granet", "initial_sparsity": 0.9}, "initial_sparsity", "must be a number in [0, final_sparsity=0.8]"),
+        ({"name": "granet", "scope": "erk"}, "scope", "must be one of ['global', 'layer'], got 'erk'"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            expand(parse_sweep({**sweep, "methods": [bad]}))
+        assert err.value.path.endswith(path) and message in err.value.message, (err.value.path, err.value.message)
 
 
 def test_static_training_keeps_the_random_mask_of_its_seed(tmp_path):
