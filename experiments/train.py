@@ -55,7 +55,6 @@ __all__ = [
     "variable_bytes",
     "measure_keras3",
     "weight_report",
-    "REPORT_COLUMNS",
     "current_batch",
 ]
 

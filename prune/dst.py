@@ -73,7 +73,7 @@ from prune.patterns import prune_lowest
 from prune.scoring import ScoreContext, get_criterion
 from prune.targets import require_targets
 
-__all__ = ["METHODS", "DynamicSparsity", "sparse_init", "dense_gradients"]
+__all__ = ["METHODS", "DynamicSparsity", "sparse_init"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@ from prune.layers.masked import is_masked_layer
 from prune.targets import iter_layers
 from prune.registry import unsupported
 
-__all__ = ["sparsity_report", "REPORT_COLUMNS"]
+__all__ = ["sparsity_report"]
 
 
 def sparsity_report(model: Any) -> pd.DataFrame:
