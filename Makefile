@@ -33,7 +33,7 @@ test: $(STAMP)
 # The native kernels' tests under AddressSanitizer and UBSan: this CPU's own build and the portable 16-lane build,
 # then a canary (an overrunning copy of the source must be caught). About 2-4 min on 2 cores; .ci/run runs it.
 test-native-asan: $(STAMP)
-	$(PY) tests/native_asan.py
+	$(PY) tests/prune/native/native_asan.py
 
 # The inner loop: everything but the tests marked slow (multi-process sweeps).
 test-fast: $(STAMP)

@@ -9,7 +9,7 @@ saved as:
   and the kernels' structure vectors);
 * ``keras``, ``keras_gzip``: the stripped model's ``.keras`` file (dense
   kernels with zeros; what every form strips to) and that file gzipped (-9);
-* ``tflite``: :func:`prune.export.to_tflite` with ``sparsity=False``;
+* ``tflite``: :func:`prune.deploy.export.to_tflite` with ``sparsity=False``;
 * ``tflite_sparse``: with ``Optimize.EXPERIMENTAL_SPARSITY`` (the default);
 * ``tflite_int8``: ``int8=True`` (dynamic-range int8 weights), ``sparsity=False``;
 * ``tflite_int8_sparse``: ``int8=True`` with the sparsity optimisation.
@@ -41,7 +41,7 @@ import pandas as pd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import prune  # noqa: E402
-from prune import export  # noqa: E402
+from prune.deploy import export  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("keras_masked", "keras_sparse", "keras", "keras_gzip", "tflite", "tflite_sparse", "tflite_int8", "tflite_int8_sparse")

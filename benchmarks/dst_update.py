@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import keras  # noqa: E402
 
 import prune  # noqa: E402
+import prune.training.dst  # noqa: E402
 from prune.algorithms import get_algorithm  # noqa: E402
 from prune.layers.sparse import SparseDense  # noqa: E402
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for impl in ("masked", "SparseDense"):
         # the exchanges (each weight keeps its live count), so that every update of a case costs the same;
         # GraNet's updates shrink the masks along its schedule
-        for method in (m for m in prune.dst.METHODS if get_algorithm(m).keeps_live):
+        for method in (m for m in prune.training.dst.METHODS if get_algorithm(m).keeps_live):
             base = masked_model(args.sparsity)
             model = base if impl == "masked" else sparse_model(base)
             model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -34,7 +34,7 @@ speed-ups vs dense and vs the ideal ``1 / density``.
 
     .venv/bin/python benchmarks/layer_speed.py                 # 1024x1024, 784x300, 4096x4096 (~10 min)
     .venv/bin/python benchmarks/layer_speed.py --sizes 784x300 --batches 32
-    .venv/bin/python benchmarks/layer_speed.py --fit           # also refit prune.kernels' cost model
+    .venv/bin/python benchmarks/layer_speed.py --fit           # also refit prune.layers.kernels' cost model
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import keras  # noqa: E402
 
-from prune import kernels, native  # noqa: E402
+from prune import native  # noqa: E402
+from prune.layers import kernels
 from prune.layers.masked import MaskedDense  # noqa: E402
 from prune.layers.sparse import SparseDense  # noqa: E402
 

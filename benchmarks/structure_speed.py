@@ -1,7 +1,7 @@
 """What a sparsity structure buys SparseDense on this CPU, at equal density.
 
 For one layer size and batch, builds ``SparseDense`` layers whose stored
-entries follow each pattern's mask (selected by :mod:`prune.patterns` on random
+entries follow each pattern's mask (selected by :mod:`prune.core.patterns` on random
 scores) at the same sparsity, and times the forward pass of each kernel
 (``coo``, ``csr``) against a dense ``keras.layers.Dense`` of the same shape:
 
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import keras  # noqa: E402
 
 from prune.layers.sparse import SparseDense  # noqa: E402
-from prune.patterns import Block, Channel, NByM, Unstructured  # noqa: E402
+from prune.core.patterns import Block, Channel, NByM, Unstructured  # noqa: E402
 
 N_BY_M = {0.5: (2, 4), 0.75: (3, 4), 0.9: (9, 10)}
 

@@ -8,7 +8,7 @@ registries; :mod:`experiments.data`, :mod:`experiments.models`,
 :mod:`experiments.implementations` and :mod:`experiments.run_one` dispatch
 through them. Nothing here imports TensorFlow or Keras, and of the runner only
 :mod:`experiments.axis_registry`, :mod:`experiments.library_names` (the library's
-names, and :mod:`prune.imp` without TensorFlow) and :mod:`experiments.steps`, so the runner's main process
+names, and :mod:`prune.training.imp` without TensorFlow) and :mod:`experiments.steps`, so the runner's main process
 and the tfmot process can read it, and no import circles back here.
 
 A new dataset, model, implementation or method is one function (or file) plus
@@ -170,11 +170,11 @@ def _check_tfmot(run: Run) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class PatternKind:
-    """A pattern of :mod:`prune.patterns`, as sweep files write it (the fields of ``PatternConfig``).
+    """A pattern of :mod:`prune.core.patterns`, as sweep files write it (the fields of ``PatternConfig``).
 
     Attributes:
         name: Its name in sweep files.
-        library: Its class in :mod:`prune.patterns` (one of ``prune.patterns.patterns()``).
+        library: Its class in :mod:`prune.core.patterns` (one of ``prune.core.patterns.patterns()``).
         takes: The ``PatternConfig`` fields it uses besides ``name`` (the others must stay at their defaults).
         args: ``args(pattern)`` returns the library class's constructor arguments.
         label: ``label(pattern)`` is its short name in tables (``2:4``, ``block4x4``).
@@ -273,7 +273,7 @@ class _DstParams:
         decay: ``constant`` or ``cosine`` (the drop fraction decays to 0 at ``end``).
         drop: ``magnitude`` (the smallest ``|w|`` over both signs, rigl's) or
             ``per_sign`` (Mocanu et al.'s SET: the same fraction of the positive
-            and of the negative weights, :func:`prune.dst.sign_drop_counts`).
+            and of the negative weights, :func:`prune.algorithms.sign_drop_counts`).
         gradient_batch: RigL's grow gradient: ``fixed`` (the run's first batch at
             every update, :func:`experiments.implementations.fixed_batch`) or
             ``current`` (the batch the update's step trains on, as rigl's code).
@@ -343,7 +343,7 @@ RiglParams = DST_PARAMS["rigl"]
 
 
 ImpParams = imp_library.ImpParams
-"""``imp``'s parameters: the library's own (:class:`prune.imp.ImpParams`), validated there."""
+"""``imp``'s parameters: the library's own (:class:`prune.training.imp.ImpParams`), validated there."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,7 +403,7 @@ def _check_sparse_training(run: Run) -> None:
         except ValueError as err:
             raise _own_params_error(name, err) from None
     if run.pattern.name != "unstructured":
-        raise ConfigError("pattern", f"method {name!r} moves single weights (prune.dst); it needs 'unstructured'")
+        raise ConfigError("pattern", f"method {name!r} moves single weights (prune.training.dst); it needs 'unstructured'")
     if run.criterion != "magnitude":
         raise ConfigError("criterion", f"method {name!r} chooses its own weights; leave criterion at 'magnitude'")
     if run.distribution not in DST_DISTRIBUTION:
@@ -580,7 +580,7 @@ for _name, _cls in SPARSE_TRAINING.items():  # every registered sparse-training 
             _name,
             _params,
             ("masked", "sparse_tensor"),
-            f"sparse training (prune.dst) moves the masks of {_KERAS_ONLY}; tfmot has none",
+            f"sparse training (prune.training.dst) moves the masks of {_KERAS_ONLY}; tfmot has none",
             keras="experiments.method_callbacks:sparse_training",
             check=_check_sparse_training,
         )

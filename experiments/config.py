@@ -314,7 +314,7 @@ class TrainingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PatternConfig:
-    """Which entries are pruned together (:mod:`prune.patterns`).
+    """Which entries are pruned together (:mod:`prune.core.patterns`).
 
     Attributes:
         name: ``unstructured`` (one entry, the default), ``block`` (an
@@ -368,7 +368,7 @@ class PatternConfig:
 
     def library_kwargs(self) -> dict[str, Any]:
         """``pattern=`` for :func:`prune.prune_low_magnitude` (imports prune lazily)."""
-        from prune import patterns
+        from prune.core import patterns
 
         return {"pattern": getattr(patterns, self.kind.library)(*self.kind.args(self))}
 
@@ -398,7 +398,7 @@ class MethodConfig:
       initialisation), by the run's criterion; no schedule.
     * ``snip``: SNIP at initialisation (Lee et al., ICLR 2019): one-shot at step
       0 by ``|w * dL/dw|`` on the fixed gradient batch; no schedule.
-    * ``set``, ``rigl``, ``static``: sparse training (:mod:`prune.dst`) from a
+    * ``set``, ``rigl``, ``static``: sparse training (:mod:`prune.training.dst`) from a
       random mask at the target sparsity, ``layer`` (uniform) or ``erk`` by the
       run's ``distribution``; ``set``/``rigl`` take ``update_every``,
       ``drop_fraction``, ``end`` (fraction of training) and ``decay``; no schedule.

@@ -1,4 +1,4 @@
-"""Lottery tickets in the runner: the file-backed level store of :func:`prune.imp.train_levels`, and method ``imp``.
+"""Lottery tickets in the runner: the file-backed level store of :func:`prune.training.imp.train_levels`, and method ``imp``.
 
 One run of method ``imp`` (Frankle and Carbin, ICLR 2019; Frankle et al.,
 ICML 2020) trains ``1 + 3 (L - 1)`` networks of ``run.model`` on ``run.dataset``
@@ -7,15 +7,15 @@ with ``run.training``, each from a fresh optimizer:
 * level 0: the dense network (all masks ones), from the run's initial weights
   (:func:`experiments.models.seeded_model`); the values after
   ``rewind_step`` steps (the initial weights for 0) are kept as the rewind point;
-* level ``n > 0`` at sparsity ``path[n]`` (:func:`prune.lottery.sparsity_path`
+* level ``n > 0`` at sparsity ``path[n]`` (:func:`prune.training.lottery.sparsity_path`
   of ``run.sparsity``, ``rate`` and ``stops``):
 
   - ``ticket``: prune the level ``n - 1`` ticket's trained weights by
     magnitude (``run.distribution``: ``layer`` or ``global``), rewind the
     survivors to the rewind point, train;
-  - ``reinit``: the ticket's mask, fresh initial values (:func:`prune.lottery.reinit_values`);
+  - ``reinit``: the ticket's mask, fresh initial values (:func:`prune.training.lottery.reinit_values`);
   - ``random``: a random mask with the ticket's per-layer counts
-    (:func:`prune.lottery.random_masks`), the rewind point's values.
+    (:func:`prune.training.lottery.random_masks`), the rewind point's values.
 
 Each training is seeded from ``(run.seed, level, variant)``; the data order is
 the run's (:func:`experiments.train.train`). Level ``n`` is written to
@@ -27,8 +27,8 @@ level is on disk and every training is seeded, the rows are identical to an
 uninterrupted run's. ``run_dir/levels.csv`` is rewritten (atomically) after
 every level.
 
-The level loop is the library's (:func:`prune.imp.train_levels`, with the one
-:class:`prune.imp.ImpParams`); this module owns the files (:class:`FileLevelStore`)
+The level loop is the library's (:func:`prune.training.imp.train_levels`, with the one
+:class:`prune.training.imp.ImpParams`); this module owns the files (:class:`FileLevelStore`)
 and says how the runner builds and trains a level's network. The run's result
 (accuracy, sparsity report, latency, checkpoint) describes the ticket at the
 last level, measured as every Keras 3 run is (:func:`experiments.train.measure_keras3`).
@@ -110,7 +110,7 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 class FileLevelStore:
-    """IMP's levels in ``levels/NN/`` folders (a :class:`prune.imp.LevelStore`).
+    """IMP's levels in ``levels/NN/`` folders (a :class:`prune.training.imp.LevelStore`).
 
     A level is written into a temporary folder (``level.json``, one ``.npz``
     per state: ``v:<path>`` values, ``m:<key>`` masks), fsynced, then renamed
@@ -190,7 +190,7 @@ def _masked_model(run: RunConfig, data: Data) -> tuple[Any, dict[str, float]]:
 
 
 def _fit(run: RunConfig, data: Data, log: Callable[[str], None]) -> Callable[..., Any]:
-    """``fit`` for :func:`prune.imp.train_levels`: :func:`experiments.train.train`, the run's optimizer and data order."""
+    """``fit`` for :func:`prune.training.imp.train_levels`: :func:`experiments.train.train`, the run's optimizer and data order."""
     import keras
 
     def fit(model: Any, level: int, variant: str, callbacks: list[Any]) -> Any:
@@ -220,7 +220,7 @@ def _curves(record: dict[str, Any]) -> list[tuple[int, str, float]]:
 
 
 def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None], params: ImpParams) -> dict[str, Any]:
-    """Run method ``imp`` for ``run`` (:func:`prune.imp.train_levels`), resuming at the first unfinished level.
+    """Run method ``imp`` for ``run`` (:func:`prune.training.imp.train_levels`), resuming at the first unfinished level.
 
     Args:
         run: Uses ``sparsity`` (the last level), ``seed``, ``training``,
@@ -230,7 +230,7 @@ def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], No
         run_dir: The run's folder; levels go to ``run_dir/levels/``, the
             table to ``run_dir/levels.csv`` (rewritten atomically after every level).
         log: Writes one line to the run's log.
-        params: :class:`prune.imp.ImpParams`.
+        params: :class:`prune.training.imp.ImpParams`.
 
     Returns:
         The keys of :func:`experiments.implementations.train_keras3`'s result,
@@ -244,7 +244,7 @@ def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], No
     import keras
 
     import prune
-    from prune import lottery
+    from prune.training import lottery
 
     _check(run, params)
     total_steps = run.training.epochs * steps_per_epoch(len(data.x_train), run.training.batch_size)

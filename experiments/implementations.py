@@ -133,7 +133,7 @@ def masked_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
 
 def sparse_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
     """The masked model converted to SparseDense layers (compacted at mask updates; Conv2D stays masked)."""
-    from prune.convert import convert  # written beside this runner; imported lazily
+    from prune.deploy.convert import convert  # written beside this runner; imported lazily
     from prune.layers.sparse import sparse_layers
 
     sparse = convert(masked_model(run, data, plain, spe), to="sparse", matmul=run.implementation.matmul)
@@ -152,7 +152,7 @@ def strip_masked(model: Any) -> Any:
 
 def sparse_to_dense(model: Any) -> Any:
     """The SparseDense model as plain Dense layers (``prune.convert(to="dense")``)."""
-    from prune.convert import convert
+    from prune.deploy.convert import convert
 
     return convert(model, to="dense")
 

@@ -7,7 +7,7 @@ dataclasses) and whatever the dataclass's ``__post_init__`` refuses; every
 error is a :class:`~experiments.axis_registry.ConfigError` naming the field by its
 dotted path (``training.learning_rate``, ``methods[2].rate``). A
 ``__post_init__`` may raise any ``ValueError`` with ``path`` and ``message``
-attributes (the library's :class:`prune.imp.ParamError` does), and it is
+attributes (the library's :class:`prune.training.imp.ParamError` does), and it is
 reported at its field's path.
 
 Two hooks a dataclass may define:

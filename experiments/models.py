@@ -88,9 +88,9 @@ def initial_weights(model: Any, seed: int) -> list[np.ndarray]:
 
 
 def layer_positions(model: Any) -> dict[str, float]:
-    """Times each kernel is applied per example (:func:`prune.counting.applications`, as ``prune.sparsity_report``
+    """Times each kernel is applied per example (:func:`prune.core.counting.applications`, as ``prune.sparsity_report``
     counts): 1 for Dense on ``[batch, features]``, the output positions H*W for Conv2D. Keras 3 or tf-keras layers."""
-    from prune.counting import applications
+    from prune.core.counting import applications
 
     return {
         (getattr(layer, "base_name", None) or layer.name): applications(layer, "kernel")

@@ -11,7 +11,7 @@ must be trained for the model to use them.
 Variants: ``frozen`` (no embedding row trains), ``trainable`` (every row
 trains, pretrained rows drift), and ``partial`` with each method of
 :class:`prune.layers.frozen.PartiallyFrozenEmbedding`, plus ``split`` with
-:class:`prune.freezing.LazyAdam`. Reported per variant: test accuracy, median
+:class:`prune.layers.freezing.LazyAdam`. Reported per variant: test accuracy, median
 step time, optimizer state bytes, and whether the pretrained rows stayed
 bitwise fixed.
 
@@ -41,10 +41,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from prune.embeddings import load_glove  # noqa: E402
-from prune.freezing import LazyAdam  # noqa: E402
+from prune.layers.embeddings import load_glove  # noqa: E402
+from prune.layers.freezing import LazyAdam  # noqa: E402
 from prune.layers.frozen import PartiallyFrozenEmbedding  # noqa: E402
-from prune.optimizer_state import slots_for  # noqa: E402
+from prune.training.optimizer_state import slots_for  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -394,12 +394,12 @@ class RssSampler:
 
 
 def weight_report(entries: list[tuple[str, str, np.ndarray, float, str]]) -> pd.DataFrame:
-    """Per-weight sparsity rows with the columns of ``prune.sparsity_report`` (:mod:`prune.counting`, shared with it).
+    """Per-weight sparsity rows with the columns of ``prune.sparsity_report`` (:mod:`prune.core.counting`, shared with it).
 
     Args:
         entries: ``(layer, weight, dense array, applications per example, status)``.
     """
-    from prune.counting import weight_row
+    from prune.core.counting import weight_row
 
     return pd.DataFrame([weight_row(*entry) for entry in entries], columns=REPORT_COLUMNS)
 

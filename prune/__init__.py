@@ -21,7 +21,7 @@ its own.
 
 ``import prune`` sets ``TF_ENABLE_ONEDNN_SPMM=1`` unless it is already set.
 TensorFlow then runs ``SparseMatrixMatMul`` (the CSR kernel of
-:mod:`prune.kernels`) through oneDNN inside compiled graphs too, as it
+:mod:`prune.layers.kernels`) through oneDNN inside compiled graphs too, as it
 already does eagerly; its default graph kernel, Eigen's, was measured 2.1x
 slower (1024x1024 at 90% sparsity, batch 256: 1.28 ms against 0.61 ms). The
 variable touches nothing else. TensorFlow reads it once, the first time it
@@ -31,56 +31,42 @@ graph; set ``TF_ENABLE_ONEDNN_SPMM=0`` to keep Eigen's kernel.
 
 import os as _os
 import sys as _sys
-import types as _types
 
 _os.environ.setdefault("TF_ENABLE_ONEDNN_SPMM", "1")
 
 from prune import _lazy
-from prune.notices import PruningWarning
-from prune.patterns import Block, Channel, NByM, Unstructured
-from prune.schedules import ConstantSparsity, OneShot, PolynomialDecay, PruningSchedule, register_schedule
-from prune.scoring import ScoreContext, criteria, register_criterion
+from prune.core.notices import PruningWarning
+from prune.core.patterns import Block, Channel, NByM, Unstructured
+from prune.core.schedules import ConstantSparsity, OneShot, PolynomialDecay, PruningSchedule, register_schedule
+from prune.core.scoring import ScoreContext, criteria, register_criterion
 
 __version__ = "0.1.0"
 
 _KERAS_SIDE = {
-    "prune.dst": ["DynamicSparsity", "sparse_init"],
-    "prune.gradients": ["compute_gradients", "dense_gradients"],
-    "prune.convert": ["ConversionWarning", "convert", "unconvertible_layers"],
+    "prune.training.dst": ["DynamicSparsity", "sparse_init"],
+    "prune.training.gradients": ["compute_gradients", "dense_gradients"],
+    "prune.deploy.convert": ["ConversionWarning", "convert", "unconvertible_layers"],
     "prune.api": ["is_pruned", "prune_low_magnitude", "strip_pruning", "unsupported_layers"],
-    "prune.freezing": ["CapRowNorm", "DropRows", "FrozenEntries", "LazyAdam", "entry_stop_gradients", "freeze_entries",
+    "prune.layers.freezing": ["CapRowNorm", "DropRows", "FrozenEntries", "LazyAdam", "entry_stop_gradients", "freeze_entries",
                        "transform_slices"],
     "prune.layers.masked": ["PrunableLayer", "PruneLowMagnitude"],
-    "prune.pruning": ["get_step", "prunable_layers", "update_masks"],
-    "prune.registry": ["register_prunable"],
-    "prune.report": ["sparsity_report"],
-    "prune.shrink": ["shrink", "shrink_report"],
-    "prune.policy": ["KeepDense", "PruneForLatencyOnXNNPack", "PruningPolicy"],
-    "prune.summaries": ["PruningSummaries", "prune_scope"],
-    "prune.training": ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"],
+    "prune.training.pruning": ["get_step", "prunable_layers", "update_masks"],
+    "prune.layers.registry": ["register_prunable"],
+    "prune.deploy.report": ["sparsity_report"],
+    "prune.deploy.shrink": ["shrink", "shrink_report"],
+    "prune.training.policy": ["KeepDense", "PruneForLatencyOnXNNPack", "PruningPolicy"],
+    "prune.training.summaries": ["PruningSummaries", "prune_scope"],
+    "prune.training.callbacks": ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"],
 }
 """Names loaded on first use, by the module that defines them (they import TensorFlow and Keras)."""
 _LAZY = {name: module for module, names in _KERAS_SIDE.items() for name in names}
-_SUBMODULES = ("embeddings", "export", "lottery")
-"""Submodules that ``import prune`` used to import, reachable as attributes (``prune.lottery``) on first use."""
+_SUBMODULES = {"embeddings": "prune.layers.embeddings", "export": "prune.deploy.export", "lottery": "prune.training.lottery"}
+"""Public modules reachable as ``prune.<name>`` on first use (``prune.export.to_tflite``), by their one home."""
 
 __all__ = sorted(
     ["PruningWarning", "Block", "Channel", "NByM", "Unstructured", "ConstantSparsity", "OneShot", "PolynomialDecay",
      "PruningSchedule", "register_schedule", "ScoreContext", "criteria", "register_criterion", *_LAZY, *_SUBMODULES]
 )
-
-
-class _Package(_types.ModuleType):
-    """``prune``'s module type: importing the submodule ``prune.convert`` (or ``prune.shrink``) must not replace the
-    function of the same name, which ``import prune`` used to bind after importing the submodule."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _SHADOWED and isinstance(value, _types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-_SHADOWED = {name for name in _LAZY if name in ("convert", "shrink")}
 
 
 def __getattr__(name: str) -> object:
@@ -90,8 +76,10 @@ def __getattr__(name: str) -> object:
     _lazy.settle()
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name in _SUBMODULES or (not name.startswith("_") and importlib.util.find_spec(f"prune.{name}") is not None):
-        value = importlib.import_module(f"prune.{name}")  # any submodule, as when import prune imported them all
+    elif name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name])
+    elif not name.startswith("_") and importlib.util.find_spec(f"prune.{name}") is not None:
+        value = importlib.import_module(f"prune.{name}")  # a subpackage or module: prune.core, prune.training, ...
     else:
         raise AttributeError(f"module 'prune' has no attribute {name!r}")
     globals()[name] = value
@@ -102,5 +90,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-_sys.modules[__name__].__class__ = _Package
 _lazy.install()

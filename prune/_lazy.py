@@ -17,7 +17,7 @@ Each is a one-shot finder on ``sys.meta_path`` that lets the normal finders
 find the module and runs the work right after the module's own code (if
 the module is already imported, the work runs at once). If that moment falls
 inside the import of a prune module (Keras imported for the first time by
-``prune.registry``, say), the work waits for the next chance: the next import
+``prune.layers.registry``, say), the work waits for the next chance: the next import
 of anything, or :func:`settle`, which the Keras-side entry points call.
 """
 
@@ -33,14 +33,14 @@ from typing import Any, Callable
 __all__ = ["SERIALIZABLE", "install", "settle"]
 
 SERIALIZABLE = (
-    "prune.freezing",
+    "prune.layers.freezing",
     "prune.layers.masked",
     "prune.layers.sparse",
     "prune.layers.frozen",
     "prune.layers.masked_more",
 )
 """The modules that register classes with ``keras.saving``: the layer kinds (each with one
-:func:`prune.layers.kinds.register_layer` call where it is defined) and ``prune.freezing``'s constraints and
+:func:`prune.layers.kinds.register_layer` call where it is defined) and ``prune.layers.freezing``'s constraints and
 optimizer. A layer kind in a new module needs that module here, since its registration runs only on import."""
 
 _lock = threading.RLock()
@@ -68,7 +68,7 @@ def settle() -> None:
 
 
 def _register_keras_side() -> None:
-    from prune.schedules import register_with_keras
+    from prune.core.schedules import register_with_keras
 
     register_with_keras()
     for name in SERIALIZABLE:

@@ -30,15 +30,15 @@ from prune.layers.masked import (
     is_custom_prunable,
     is_masked_layer,
 )
-from prune.distributions import get_distribution
+from prune.core.distributions import get_distribution
 from prune.layers.scheduled import check_pruning_args
-from prune.notices import PruningWarning
-from prune.patterns import pattern_from_args
-from prune.pruning import prunable_layers
-from prune.policy import PruningPolicy
-from prune.registry import keeps_dense, masked_class_for, unsupported
-from prune.scoring import get_criterion
-from prune.schedules import ConstantSparsity, as_schedule
+from prune.core.notices import PruningWarning
+from prune.core.patterns import pattern_from_args
+from prune.training.pruning import prunable_layers
+from prune.training.policy import PruningPolicy
+from prune.layers.registry import keeps_dense, masked_class_for, unsupported
+from prune.core.scoring import get_criterion
+from prune.core.schedules import ConstantSparsity, as_schedule
 
 __all__ = ["prune_low_magnitude", "strip_pruning", "is_pruned", "unsupported_layers"]
 
@@ -331,7 +331,7 @@ def prune_low_magnitude(
         criterion: ``"magnitude"`` (default) or ``"random"``, or a registered name.
         scope: ``"layer"`` (default, a threshold per weight) or ``"global"``.
         seed: Seed for the random criterion.
-        pattern: A :mod:`prune.patterns` value: ``prune.Unstructured()``
+        pattern: A :mod:`prune.core.patterns` value: ``prune.Unstructured()``
             (default), ``prune.Block((r, c), "AVG")``, ``prune.NByM(m, n)``,
             ``prune.Channel()``. Or, as in tfmot, ``block_size``,
             ``block_pooling_type`` and ``sparsity_m_by_n`` (give one or the other).
@@ -451,7 +451,7 @@ def strip_pruning(model: Any) -> Any:
     ``SparseDense`` layers become plain ``Dense`` layers holding their zeros
     (:meth:`prune.layers.SparseDense.to_dense_layer`). The result has no
     masks, counters or ``prune`` classes, loads without custom objects and
-    converts to TFLite (:func:`prune.export.to_tflite`).
+    converts to TFLite (:func:`prune.deploy.export.to_tflite`).
 
     Raises:
         ValueError: a ``SparseDense`` layer is not built.

@@ -303,9 +303,9 @@ def test_nested_models_are_pruned_and_share_nothing():
     np.testing.assert_array_equal(model.predict(x, verbose=0), pm.predict(x, verbose=0))
     assert sorted(l.name for l in prune.prunable_layers(pm)) == ["deep", "head", "inner_dense"]
     assert prune.prunable_layers(model) == []
-    original = {id(v) for v in model.weights} | {id(l) for l in prune.targets.iter_layers(model)}
+    original = {id(v) for v in model.weights} | {id(l) for l in prune.core.targets.iter_layers(model)}
     assert not [v.path for v in pm.weights if id(v) in original]
-    assert not [l.name for l in prune.targets.iter_layers(pm) if id(l) in original]
+    assert not [l.name for l in prune.core.targets.iter_layers(pm) if id(l) in original]
     pm.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     pm.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[prune.UpdatePruningStep()])
     for a, b in zip(before, model.weights):  # training the pruned model leaves the original alone (BN stats too)

@@ -154,7 +154,7 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
 
 
 def test_no_module_name_is_in_both_packages():
-    """``prune.imp`` and ``experiments.imp`` were two modules a reader had to tell apart: each module's own name
+    """``prune.training.imp`` and ``experiments.imp`` were two modules a reader had to tell apart: each module's own name
     (its last part, in any folder) belongs to one package."""
     names = {pkg: {n.rsplit(".", 1)[-1] for n in _modules(pkg) if "." in n} - {"__main__"} for pkg in PACKAGES}
     assert names["prune"] & names["experiments"] == set()
@@ -196,8 +196,8 @@ def test_private_keras_access_only_in_internals():
     assert offenders == []
 
 
-ENGINE = ["prune.schedules", "prune.patterns", "prune.scoring", "prune.distributions", "prune.masks", "prune.targets",
-          "prune.notices"]
+ENGINE = ["prune.core.schedules", "prune.core.patterns", "prune.core.scoring", "prune.core.distributions", "prune.core.masks", "prune.core.targets",
+          "prune.core.notices"]
 
 
 def _child(code: str) -> dict:
@@ -218,7 +218,7 @@ def test_the_engine_imports_without_tensorflow_or_keras():
     """``import prune`` and the NumPy-only engine load no TensorFlow and no Keras; the registries answer."""
     out = _child(
         "import prune\n" + "".join(f"import {m}\n" for m in ENGINE)
-        + "from prune.distributions import distributions\n"
+        + "from prune.core.distributions import distributions\n"
         + "s = prune.PolynomialDecay(0.0, 0.8, 0, 10, frequency=2)\n"
         + "print(json.dumps(dict(heavy=sorted(m for m in ('tensorflow', 'keras', 'pandas') if m in sys.modules),\n"
         + "  sparsity=float(s(10)[1]), criteria=prune.criteria(), distributions=distributions(),\n"

@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from prune.embeddings import load_glove
+from prune.layers.embeddings import load_glove
 
 
 def _glove(n: int) -> bytes:

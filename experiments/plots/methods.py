@@ -47,7 +47,7 @@ _METHOD_STYLES = {
     "imp": (OKABE_ITO["bluish_green"], "P"),
 }
 IMP_VARIANTS = list(imp_library.VARIANTS)
-"""IMP's variants in row order (:data:`prune.imp.VARIANTS`)."""
+"""IMP's variants in row order (:data:`prune.training.imp.VARIANTS`)."""
 _VARIANT_STYLES = {
     "ticket": (OKABE_ITO["bluish_green"], "P", "-"),
     "reinit": (OKABE_ITO["reddish_purple"], "x", "--"),
@@ -178,7 +178,7 @@ def plot_imp_levels(levels: pd.DataFrame, ax: Axes | None = None) -> Figure:
             a = agg[(agg["variant"] == variant) & agg["level"].isin(x_of.index)].sort_values("level")
             if variant != "ticket":  # the controls start where the ticket does: level 0 is the dense training
                 a = pd.concat([agg[(agg["variant"] == "ticket") & (agg["level"] == 0)], a])
-            fallback = style_for(variant)  # a variant added to prune.imp later: a stable colour of its own
+            fallback = style_for(variant)  # a variant added to prune.training.imp later: a stable colour of its own
             color, marker, ls = _VARIANT_STYLES.get(variant, (fallback["color"], fallback["marker"], "-."))
             x = x_of.loc[a["level"]].to_numpy() * PCT
             mean, std = a["mean"].to_numpy() * PCT, a["std"].to_numpy() * PCT

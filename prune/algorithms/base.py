@@ -10,16 +10,16 @@ weight (:meth:`SparseTraining.plan`)::
         -> score (drop_scores, grow_scores) -> select (drop the lowest, grow the highest)
 
 and :class:`prune.DynamicSparsity` owns the rest: it reads the weights and their keep-masks through the
-mask-target protocol (:mod:`prune.targets`), takes the dense gradient when the algorithm says it needs one,
+mask-target protocol (:mod:`prune.core.targets`), takes the dense gradient when the algorithm says it needs one,
 and installs what :meth:`SparseTraining.plan` returns (grown entries at +0.0 with zeroed optimizer slots).
 A subclass overrides one hook: SET is the base; RigL overrides the grow score; MEST the drop score; GraNet the
 live count (a gradual-pruning schedule) and the drop count.
 
-Drop and grow scores are names of :mod:`prune.scoring`'s criteria registry (``drop = "magnitude"``,
+Drop and grow scores are names of :mod:`prune.core.scoring`'s criteria registry (``drop = "magnitude"``,
 ``grow = "random"`` or ``"gradient"``), so a new criterion is usable by a new algorithm with no change here.
 
 The arithmetic of one update is here too (:func:`drop_and_grow`, :func:`num_drop`,
-:func:`cosine_drop_fraction`, :func:`sign_drop_counts`); see :mod:`prune.dst` for the references to rigl's code.
+:func:`cosine_drop_fraction`, :func:`sign_drop_counts`); see :mod:`prune.training.dst` for the references to rigl's code.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from prune.patterns import prune_lowest
-from prune.scoring import ScoreContext, get_criterion
+from prune.core.patterns import prune_lowest
+from prune.core.scoring import ScoreContext, get_criterion
 
 __all__ = [
     "Update",
@@ -224,9 +224,9 @@ class SparseTraining:
     """Whether an update needs the dense gradient (``gradient_data`` of :class:`prune.DynamicSparsity`)."""
     default_decay: ClassVar[str] = "constant"
     drop_criterion: ClassVar[str] = "magnitude"
-    """A :mod:`prune.scoring` criterion: lower drops first."""
+    """A :mod:`prune.core.scoring` criterion: lower drops first."""
     grow_criterion: ClassVar[str] = "random"
-    """A :mod:`prune.scoring` criterion: higher grows first (``"random"``, ``"gradient"``)."""
+    """A :mod:`prune.core.scoring` criterion: higher grows first (``"random"``, ``"gradient"``)."""
     moves: ClassVar[bool] = True
     """False for an algorithm that never changes a mask after its start (static sparse training)."""
     paper: ClassVar[dict[str, Any]] = {}

@@ -12,10 +12,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from prune import distributions as _dist
+from prune.core import distributions as _dist
 from prune.algorithms.base import Update, _fraction, _positive_int, register_algorithm
 from prune.algorithms.rigl import RigL
-from prune.patterns import prune_lowest
+from prune.core.patterns import prune_lowest
 
 __all__ = ["GraNet"]
 

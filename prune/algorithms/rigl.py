@@ -18,7 +18,7 @@ class RigL(SET):
     criterion); the drop fraction decays by a cosine to 0 at ``end_step`` (:func:`prune.algorithms.cosine_drop_fraction`).
 
     The dense gradient is the gradient with respect to ``weight * mask``, pruned entries included
-    (:func:`prune.gradients.dense_gradients`). Arguments as :class:`prune.algorithms.SparseTraining`.
+    (:func:`prune.training.gradients.dense_gradients`). Arguments as :class:`prune.algorithms.SparseTraining`.
     """
 
     name = "rigl"

@@ -24,7 +24,7 @@ with SGD or Adam, the same trainable rows:
     result; no ``[V, D]`` concatenation is materialised per step.
 
 For the two single-variable methods a zero gradient is not enough (see
-:mod:`prune.freezing`): the layer keeps ``frozen_reference`` (a copy of the
+:mod:`prune.layers.freezing`): the layer keeps ``frozen_reference`` (a copy of the
 matrix) and writes the frozen rows back after every optimizer step, through
 the variable's ``constraint``, which Keras 3 applies inside
 ``optimizer.apply``. This holds under weight decay and any optimizer state;
@@ -45,9 +45,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from prune.freezing import entry_stop_gradients
+from prune.layers.freezing import entry_stop_gradients
 from prune.layers.kinds import register_layer
-from prune.optimizer_state import zero_slot_entries
+from prune.training.optimizer_state import zero_slot_entries
 
 __all__ = ["PartiallyFrozenEmbedding", "METHODS"]
 
@@ -90,7 +90,7 @@ class PartiallyFrozenEmbedding(keras.layers.Layer):
 
     Example::
 
-        words, matrix, known = prune.embeddings.load_glove("glove.6B.50d.txt", vocab)
+        words, matrix, known = prune.layers.embeddings.load_glove("glove.6B.50d.txt", vocab)
         emb = prune.layers.PartiallyFrozenEmbedding(matrix, frozen=known, method="split")
 
     Args:

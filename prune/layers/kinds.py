@@ -28,7 +28,7 @@ LAYER_KINDS: dict[str, type] = {}
 """Every registered layer kind by class name (``prune.layers.<name>``)."""
 
 MASKED_TWINS: dict[type, type] = {}
-"""Plain Keras layer class -> the masked class that prunes it (read by :func:`prune.registry.masked_class_for`)."""
+"""Plain Keras layer class -> the masked class that prunes it (read by :func:`prune.layers.registry.masked_class_for`)."""
 
 
 def register_twin(layer_class: type, masked_class: type) -> None:

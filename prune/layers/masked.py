@@ -37,13 +37,13 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from prune import masks as _masks
+from prune.core import masks as _masks
 from prune._internals import input_shape_arg, private_weight
 from prune.layers.kinds import register_layer
 from prune.layers.scheduled import ScheduledLayer
-from prune.notices import PruningWarning
-from prune.optimizer_state import zero_slot_entries
-from prune.targets import MaskTarget
+from prune.core.notices import PruningWarning
+from prune.training.optimizer_state import zero_slot_entries
+from prune.core.targets import MaskTarget
 
 __all__ = [
     "PrunableLayer",
@@ -78,14 +78,14 @@ class PrunableLayer(ScheduledLayer):
       ``weight * mask`` in its forward pass.
 
     Every masked layer answers the mask-target protocol
-    (:meth:`mask_targets`, see :mod:`prune.targets`), and keeps its pruning
+    (:meth:`mask_targets`, see :mod:`prune.core.targets`), and keeps its pruning
     parameters and step counter as every scheduled layer does
     (:class:`prune.layers.ScheduledLayer`).
 
     Args:
         pruning_schedule: A schedule (ours, tfmot's, or a config dict), or
             ``None`` for masks that change only through :meth:`set_mask`.
-        pattern: A :mod:`prune.patterns` value (default ``Unstructured()``).
+        pattern: A :mod:`prune.core.patterns` value (default ``Unstructured()``).
         criterion: Registered criterion name (:func:`prune.criteria`).
         scope: ``"layer"`` (own threshold), ``"global"`` (one threshold
             shared by every globally scoped weight in the model) or ``"erk"``
@@ -136,7 +136,7 @@ class PrunableLayer(ScheduledLayer):
         return is_masked_layer(self)
 
     def mask_targets(self) -> list[MaskTarget]:
-        """One :class:`prune.targets.MaskTarget` per prunable weight (the mask-target protocol)."""
+        """One :class:`prune.core.targets.MaskTarget` per prunable weight (the mask-target protocol)."""
         if not is_masked_layer(self):
             return []
         out = []

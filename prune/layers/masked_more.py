@@ -12,7 +12,7 @@ Which weights are pruned follows tfmot's ``PruneRegistry``
 
 ``DepthwiseConv1D``/``DepthwiseConv2D`` have no prunable weight in tfmot's
 registry either: they pass through ``prune_low_magnitude`` unpruned
-(:func:`prune.registry.keeps_dense`).
+(:func:`prune.layers.registry.keeps_dense`).
 
 Each layer follows the design of :mod:`prune.layers.masked`: a mask beside
 each pruned weight, and a forward pass that multiplies the weight by its mask.

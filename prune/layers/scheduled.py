@@ -1,6 +1,6 @@
 """The scheduled-layer contract: one value for a layer's pruning parameters, one mixin that keeps it and the step.
 
-Every layer kind that the pruning engine (:mod:`prune.pruning`) drives, the
+Every layer kind that the pruning engine (:mod:`prune.training.pruning`) drives, the
 masked twins (:class:`prune.layers.PrunableLayer`) and
 :class:`prune.layers.SparseDense` alike, is a :class:`ScheduledLayer`:
 
@@ -14,7 +14,7 @@ masked twins (:class:`prune.layers.PrunableLayer`) and
   (:meth:`ScheduledLayer.advance_step`).
 
 **The protocol the engine reads.** A layer takes part in scheduled pruning
-when it answers the mask-target protocol (:mod:`prune.targets`) and
+when it answers the mask-target protocol (:mod:`prune.core.targets`) and
 :func:`pruning_params_of` gives it parameters with a schedule; it counts
 steps when :func:`keeps_step` says so. Nothing else of the layer is read.
 
@@ -23,7 +23,7 @@ layer), calls :meth:`ScheduledLayer.add_step_counter` in ``build`` and
 :meth:`ScheduledLayer.advance_step` in ``call``, answers ``mask_targets()``,
 and is registered with one :func:`prune.layers.kinds.register_layer` call.
 
-NumPy only: nothing here imports TensorFlow or Keras.
+Imports neither TensorFlow nor Keras (its one import from :mod:`prune.training`, ``driving``, is NumPy only).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from prune.distributions import get_distribution
-from prune.driving import require_driver
-from prune.patterns import Pattern, as_pattern, serialize_pattern
-from prune.schedules import PruningSchedule, as_schedule, serialize_schedule
-from prune.scoring import get_criterion
+from prune.core.distributions import get_distribution
+from prune.training.driving import require_driver
+from prune.core.patterns import Pattern, as_pattern, serialize_pattern
+from prune.core.schedules import PruningSchedule, as_schedule, serialize_schedule
+from prune.core.scoring import get_criterion
 
 __all__ = ["PRUNING_KEYS", "PruningParams", "ScheduledLayer", "check_pruning_args", "pruning_params_of", "keeps_step"]
 
@@ -50,13 +50,13 @@ def check_pruning_args(pattern: Any, criterion: str, scope: str, seed: Any) -> P
     """Validate the pruning arguments shared by every prunable layer; returns the pattern.
 
     Args:
-        pattern: A :mod:`prune.patterns` value, its serialised config, or ``None`` (unstructured).
+        pattern: A :mod:`prune.core.patterns` value, its serialised config, or ``None`` (unstructured).
         criterion: A registered criterion name (:func:`prune.criteria`).
-        scope: A registered distribution name (:func:`prune.distributions.distributions`).
+        scope: A registered distribution name (:func:`prune.core.distributions.distributions`).
         seed: An integer.
 
     Returns:
-        The pattern as a :class:`prune.patterns.Pattern`.
+        The pattern as a :class:`prune.core.patterns.Pattern`.
 
     Raises:
         ValueError: naming the argument and the value.
@@ -79,7 +79,7 @@ class PruningParams:
 
     Made from the layer's constructor arguments (or its saved config):
     ``pruning_schedule`` becomes a :class:`prune.PruningSchedule` (or stays
-    ``None``), ``pattern`` a :class:`prune.patterns.Pattern`, ``seed`` an
+    ``None``), ``pattern`` a :class:`prune.core.patterns.Pattern`, ``seed`` an
     ``int``.
 
     Attributes:
@@ -144,7 +144,7 @@ class ScheduledLayer:
 
     Args:
         pruning_schedule: A schedule (ours, tfmot's, or a config dict), or ``None``.
-        pattern: A :mod:`prune.patterns` value (default ``Unstructured()``).
+        pattern: A :mod:`prune.core.patterns` value (default ``Unstructured()``).
         criterion: Registered criterion name (:func:`prune.criteria`).
         scope: ``"layer"`` (own threshold), ``"global"`` (one threshold
             shared by every globally scoped weight in the model) or ``"erk"``
@@ -188,7 +188,7 @@ class ScheduledLayer:
 
     @property
     def pattern(self) -> Pattern:
-        """The :class:`prune.patterns.Pattern`."""
+        """The :class:`prune.core.patterns.Pattern`."""
         return self.pruning_params.pattern  # type: ignore[return-value]
 
     @pattern.setter
@@ -237,10 +237,10 @@ class ScheduledLayer:
         (a shared layer) counts each call.
 
         Raises:
-            ValueError: the layer has a schedule and nothing drives it (at trace time; :mod:`prune.driving`).
+            ValueError: the layer has a schedule and nothing drives it (at trace time; :mod:`prune.training.driving`).
         """
         if isinstance(training, bool) and training and self.built:  # type: ignore[attr-defined]
-            require_driver(self)  # Python, at trace time: no per-step cost (prune/driving.py)
+            require_driver(self)  # Python, at trace time: no per-step cost (prune/training/driving.py)
             self.pruning_step.assign_add(1)
 
     # -- serialisation ------------------------------------------------------------------

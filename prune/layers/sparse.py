@@ -3,7 +3,7 @@
 The weight is ``tf.SparseTensor(indices, values, [n_in, n_out])``: ``values``
 is a trainable ``[nnz]`` variable, ``indices`` a non-trainable int64
 ``[nnz, 2]`` variable beside it, row-major sorted, and ``values[k]`` belongs
-to ``indices[k]``. The product runs through :func:`prune.kernels.sparse_matmul`
+to ``indices[k]``. The product runs through :func:`prune.layers.kernels.sparse_matmul`
 (``matmul="native"|"coo"|"csr"|"dense"|"auto"``), whose gradients reach
 ``values`` and the input only.
 
@@ -56,7 +56,7 @@ fall); replacing variables at every update (the optimizer would lose track of
 them and every update would force a retrace).
 
 Mask updates: ``SparseDense`` answers the mask-target protocol
-(:meth:`SparseDense.mask_targets`, see :mod:`prune.targets`): it presents
+(:meth:`SparseDense.mask_targets`, see :mod:`prune.core.targets`): it presents
 the dense view of its weight (absent entries are zeros and count as already
 pruned) and installs a new keep-mask by :meth:`SparseDense.restructure`
 (the engine's masks only shrink: that drops entries). So
@@ -92,14 +92,15 @@ import numpy as np
 import tensorflow as tf
 
 from prune._internals import backing_variable, override_call, own_variables, set_backing_variable, set_variable_shape
-from prune import kernels, native
-from prune import masks as _masks
+from prune import native
+from prune.layers import kernels
+from prune.core import masks as _masks
 from prune.layers.kinds import register_layer
 from prune.layers.scheduled import ScheduledLayer
-from prune.optimizer_state import slots_for
-from prune.patterns import Pattern, num_zeros
-from prune.targets import MaskTarget, iter_layers
-from prune.schedules import PruningSchedule
+from prune.training.optimizer_state import slots_for
+from prune.core.patterns import Pattern, num_zeros
+from prune.core.targets import MaskTarget, iter_layers
+from prune.core.schedules import PruningSchedule
 
 __all__ = ["SparseDense", "sparse_layers"]
 
@@ -157,14 +158,14 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         bias_initializer: Initializer of the bias.
         matmul: ``"auto"`` (default: native or densify when the native
             library is built, else among TensorFlow's kernels), ``"native"``,
-            ``"coo"``, ``"csr"`` or ``"dense"``; see :mod:`prune.kernels`.
+            ``"coo"``, ``"csr"`` or ``"dense"``; see :mod:`prune.layers.kernels`.
         sparsity: Fraction of absent entries of a randomly structured layer.
         seed: Seed of the random structure.
         nnz: Number of stored entries. Set by ``get_config`` so that a loaded
             layer builds variables of the saved length; the structure is then
             overwritten by the loaded weights.
         pruning_schedule: Schedule for :func:`prune.update_masks`, or ``None``.
-        pattern: A :mod:`prune.patterns` value (default ``Unstructured()``).
+        pattern: A :mod:`prune.core.patterns` value (default ``Unstructured()``).
         criterion: Registered criterion name (:func:`prune.criteria`).
         scope: ``"layer"``, ``"global"`` or ``"erk"``, as for masked layers.
             These four and ``seed`` are the layer's
@@ -239,7 +240,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
                 (values follow), duplicates and out-of-range entries are errors.
             values: ``[nnz]`` real values in the order of ``indices``.
             dense_shape: ``(n_in, n_out)``.
-            matmul: See :mod:`prune.kernels`.
+            matmul: See :mod:`prune.layers.kernels`.
             bias: Optional ``[n_out]`` initial bias.
             **layer_kwargs: Other constructor arguments (``activation``, ``name``...).
 
@@ -277,7 +278,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         Args:
             weights: Dense ``[n_in, n_out]`` matrix.
             mask: Binary (0/1 or bool) array of the same shape.
-            matmul: See :mod:`prune.kernels`.
+            matmul: See :mod:`prune.layers.kernels`.
             bias: Optional ``[n_out]`` initial bias.
             **layer_kwargs: Other constructor arguments.
 
@@ -474,7 +475,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             keep: Bool ``[nnz]`` over the stored entries, or a dense
                 ``[n_in, n_out]`` 0/1 mask that is a subset of the structure.
             optimizer: Keras 3 optimizer training ``values``; its slots for
-                ``values`` (found by :func:`prune.optimizer_state.slots_for`)
+                ``values`` (found by :func:`prune.training.optimizer_state.slots_for`)
                 are shrunk the same way.
 
         Returns:
@@ -505,7 +506,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         return self.restructure(dense, optimizer)
 
     def restructure(self, keep: Any, optimizer: Any = None) -> bool:
-        """Install a structure that may also grow (sparse training, :mod:`prune.dst`).
+        """Install a structure that may also grow (sparse training, :mod:`prune.training.dst`).
 
         Entries stored before and kept keep their value and optimizer slots;
         new entries are stored with value +0.0 and zero slots; the others are
@@ -543,11 +544,11 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             replaced |= _make_dynamic(slot, carry(slot.numpy()))
         return replaced
 
-    # -- the mask-target protocol (prune.targets) ------------------------------------
+    # -- the mask-target protocol (prune.core.targets) ------------------------------------
     takes_mask_targets = True
 
     def mask_targets(self) -> list[MaskTarget]:
-        """The weight as one :class:`prune.targets.MaskTarget`: its dense view, restructured on install."""
+        """The weight as one :class:`prune.core.targets.MaskTarget`: its dense view, restructured on install."""
 
         def to_dense(values: np.ndarray) -> np.ndarray:
             self._sync_shapes()

@@ -450,7 +450,7 @@ def load() -> Any | None:
         # TensorFlow is imported before the lock is taken: its import runs prune's post-import hook
         # (prune/_lazy.py), which calls load_if_built() and so load() again. Inside the lock that
         # re-entry waited on the lock held below it, and the process hung (a cached library, and
-        # TensorFlow not yet imported; tests/test_native.py).
+        # TensorFlow not yet imported; tests/prune/native/test_native.py).
         import tensorflow  # noqa: F401
     with _lock:
         if "status" in _state:

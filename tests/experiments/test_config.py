@@ -378,7 +378,8 @@ def test_library_names_equal_the_library_registries():
     """experiments.library_names reads the library's registries (the report's columns are a checked copy)."""
     import prune
     from experiments import axes, library_names
-    from prune import counting, distributions, dst, imp, lottery, patterns, scoring
+    from prune.core import counting, distributions, patterns, scoring
+    from prune.training import dst, imp, lottery
 
     assert set(library_names.CRITERIA) == set(scoring.criteria())
     gradient = {c for c in scoring.criteria() if "gradient" in scoring.get_criterion(c).needs}
@@ -386,8 +387,8 @@ def test_library_names_equal_the_library_registries():
     assert list(library_names.DISTRIBUTIONS) == distributions.distributions()
     assert set(library_names.IMP_SCOPES) <= set(distributions.distributions())  # the runner's IMP runs with these
     assert tuple(library_names.DST_METHODS) == dst.METHODS
-    assert set(library_names.DST_DISTRIBUTION.values()) == set(dst.DISTRIBUTIONS) == {"layer", "erk"}
+    assert set(library_names.DST_DISTRIBUTION.values()) == set(distributions.distributions(with_zeros=True)) == {"layer", "erk"}
     assert library_names.PATTERN_CLASSES == tuple(patterns.patterns())
     assert library_names.REPORT_COLUMNS is counting.REPORT_COLUMNS
     assert {k.library for k in axes.PATTERNS} == set(patterns.patterns())
-    assert library_names.imp is imp and axes.ImpParams is imp.ImpParams and prune.lottery is lottery
+    assert library_names.imp is imp and axes.ImpParams is imp.ImpParams and prune.training.lottery is lottery

@@ -77,12 +77,12 @@ def test_method_parameters_are_validated_naming_the_field_and_the_closest_key(me
 @pytest.mark.parametrize(
     "changes, path, message",
     [
-        ({"implementations": ["tfmot"], "methods": ["set"]}, "method", "method 'set' does not run on implementation 'tfmot': sparse training (prune.dst) moves the masks of masked and SparseDense layers; tfmot has none (it runs on 'masked', 'sparse_tensor')"),
+        ({"implementations": ["tfmot"], "methods": ["set"]}, "method", "method 'set' does not run on implementation 'tfmot': sparse training (prune.training.dst) moves the masks of masked and SparseDense layers; tfmot has none (it runs on 'masked', 'sparse_tensor')"),
         ({"implementations": ["sparse_tensor"], "methods": ["imp"]}, "method", "method 'imp' does not run on implementation 'sparse_tensor': it prunes, rewinds and retrains masked layers"),
         ({"implementations": ["tfmot"], "methods": ["snip"]}, "method", "method 'snip' does not run on implementation 'tfmot': SNIP scores need gradients"),
         ({"methods": ["set"], "criteria": ["snip"]}, "criterion", "method 'set' chooses its own weights; leave criterion at 'magnitude'"),
         ({"methods": ["rigl"], "distributions": ["global"]}, "distribution", "method 'rigl' starts from a random mask per layer: 'layer' (uniform) or 'erk', not 'global'"),
-        ({"methods": ["static"], "patterns": ["nm"]}, "pattern", "method 'static' moves single weights (prune.dst); it needs 'unstructured'"),
+        ({"methods": ["static"], "patterns": ["nm"]}, "pattern", "method 'static' moves single weights (prune.training.dst); it needs 'unstructured'"),
         ({"methods": ["imp"], "distributions": ["erk"]}, "distribution", "method 'imp' prunes by magnitude per 'layer' or 'global', not 'erk'"),
         ({"methods": ["snip"], "criteria": ["random"]}, "criterion", "method 'snip' scores by SNIP itself"),
     ],
@@ -204,7 +204,7 @@ def test_run_one_does_not_import_the_tfmot_baseline_and_neither_imports_keras_3(
         "import sys, experiments.run_one, experiments.__main__, experiments.train\n"
         "assert 'experiments.tfmot_baseline' not in sys.modules\n"
         "import experiments.tfmot_baseline\n"
-        # prune's engine (registries, prune.imp) imports no TensorFlow and no Keras; the runner reads it
+        # prune's engine (registries, prune.training.imp) imports no TensorFlow and no Keras; the runner reads it
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tensorflow', 'tf_keras'))\n"
         "assert heavy == [], heavy\n"
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-HAS_CONVERT = importlib.util.find_spec("prune.convert") is not None
+HAS_CONVERT = importlib.util.find_spec("prune.deploy.convert") is not None
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

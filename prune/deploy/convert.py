@@ -1,0 +1,212 @@
+"""``convert``: switch a whole model between dense, masked and sparse fully connected layers.
+
+Three interchangeable implementations of the same function::
+
+    dense   keras.layers.Dense       kernel with zeros in it
+    masked  prune.layers.MaskedDense kernel and kernel_mask beside it
+    sparse  prune.layers.SparseDense values at indices (prune.layers.kernels)
+
+Which entries are "present" in each form, so that every round trip keeps the
+structure and the outputs agree (up to the summation order of the kernels):
+
+* masked -> sparse takes the structure from the mask; sparse -> masked makes
+  the mask from the stored indices and scatters the values back (+0.0 where
+  absent); sparse -> dense scatters the values into a plain kernel.
+* a plain ``Dense`` has no mask, so its structure is its nonzero entries:
+  dense -> masked masks the exact zeros (a freshly initialised layer keeps
+  everything; a stripped pruned model gets its mask back), dense -> sparse
+  stores the nonzeros.
+* masked -> dense is :func:`prune.strip_pruning` for that layer (other masked
+  layers, ``MaskedConv2D`` etc., are stripped too).
+
+Only fully connected layers have a sparse form. Layers that carry weights of
+a prunable kind but cannot be brought to the target (e.g. a ``Conv2D`` asked
+to become sparse, a ``Dense`` with LoRA, an unbuilt layer) are left as they
+are and listed in a :class:`ConversionWarning`; :func:`unconvertible_layers`
+returns the same list without converting. Other layers are copied unchanged.
+
+Sequential and functional models are cloned (with weights copied); subclassed
+models are changed in place (via :func:`prune.api._convert`, the machinery of
+``prune_low_magnitude``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import keras
+import numpy as np
+
+from prune.api import _clone_layer, _convert, _to_masked, _to_plain
+from prune.layers.kernels import check_matmul
+from prune.layers.masked import MaskedDense, PrunableLayer
+from prune.layers.scheduled import pruning_params_of
+from prune.layers.sparse import SparseDense
+from prune.core.targets import iter_layers
+from prune.layers.registry import masked_class_for
+
+__all__ = ["convert", "unconvertible_layers", "ConversionWarning", "TARGETS"]
+
+TARGETS = ("dense", "masked", "sparse")
+
+
+class ConversionWarning(UserWarning):
+    """Some layers of a model could not be converted and were left as they are."""
+
+
+def _check_to(to: Any) -> str:
+    if not isinstance(to, str) or to not in TARGETS:
+        raise ValueError(f"to must be one of {list(TARGETS)}, got {to!r}")
+    return to
+
+
+def _pruning_params(layer: Any) -> dict[str, Any]:
+    # Carry schedule, pattern, criterion, scope and seed between masked and sparse forms (one engine drives both).
+    params = pruning_params_of(layer)
+    return {} if params is None else params.as_kwargs()
+
+
+def _dense_kwargs(layer: Any) -> dict[str, Any]:
+    return {
+        "activation": layer.activation,
+        "use_bias": layer.use_bias,
+        "name": layer.name,
+        "bias_initializer": layer.bias_initializer,
+        "kernel_initializer": layer.kernel_initializer,
+    }
+
+
+def _is_plain_dense(layer: Any) -> bool:
+    return type(layer) is keras.layers.Dense and not getattr(layer, "lora_rank", None) and not getattr(
+        layer, "quantization_mode", None
+    )
+
+
+def _dense_parts(layer: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+    """``(kernel, mask, bias)`` of a built Dense, MaskedDense or SparseDense."""
+    bias = None if layer.bias is None else np.asarray(layer.bias.numpy())
+    if isinstance(layer, SparseDense):
+        return layer.to_dense(), layer.get_mask(), bias
+    if isinstance(layer, MaskedDense):
+        weight, mask_var = layer.weight_and_mask("kernel")
+        mask = mask_var.numpy() != 0
+        kernel = np.where(mask, np.asarray(weight.numpy()), 0).astype(weight.dtype)  # +0.0, never -0.0
+        return kernel, mask, bias
+    kernel = np.asarray(layer.kernel.numpy())
+    return kernel, kernel != 0, bias
+
+
+def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
+    """The converted layer, or ``None`` if ``layer`` cannot be converted to ``to``."""
+    if isinstance(layer, SparseDense):
+        if not layer.built:
+            return None
+        if to == "sparse":
+            return _sparse_from(layer, matmul)
+        dense = layer.to_dense_layer()
+        if to == "dense":
+            return dense
+        masked = _to_masked(dense, {"pruning_schedule": None, **_pruning_params(layer)})
+        masked.set_mask("kernel", layer.get_mask())
+        return masked
+    if isinstance(layer, PrunableLayer):
+        if to == "masked":
+            return _clone_layer(layer)
+        if to == "dense":
+            return _to_plain(layer)
+        return _sparse_from(layer, matmul) if isinstance(layer, MaskedDense) and layer.built else None
+    if masked_class_for(layer) is not None:  # a registered plain layer: Dense, Conv*, Embedding
+        if to == "dense":
+            return _clone_layer(layer)
+        if not layer.built:
+            return None
+        if to == "masked":
+            masked = _to_masked(layer, {"pruning_schedule": None})
+            weight = masked.weight_and_mask(masked.prunable_weight_names[0])[0]
+            masked.set_mask(masked.prunable_weight_names[0], np.asarray(weight.numpy()) != 0)
+            return masked
+        return _sparse_from(layer, matmul) if _is_plain_dense(layer) else None
+    return _clone_layer(layer)
+
+
+def _sparse_from(layer: Any, matmul: str) -> SparseDense:
+    kernel, mask, bias = _dense_parts(layer)
+    kwargs = _dense_kwargs(layer)
+    kwargs.update(_pruning_params(layer))
+    return SparseDense.from_dense(kernel, mask, matmul=matmul, bias=bias, **kwargs)
+
+
+def _needs(layer: Any) -> bool:
+    """Whether ``layer`` is of a kind ``convert`` acts on (masked, sparse or registered prunable)."""
+    return isinstance(layer, (SparseDense, PrunableLayer)) or masked_class_for(layer) is not None
+
+
+def _blocked(layer: Any, to: str) -> bool:
+    if not _needs(layer):
+        return False
+    if isinstance(layer, SparseDense):
+        return not layer.built
+    if to == "dense":
+        return False
+    if isinstance(layer, PrunableLayer):
+        return to == "sparse" and not (isinstance(layer, MaskedDense) and layer.built)
+    if not layer.built:
+        return True
+    return to == "sparse" and not _is_plain_dense(layer)
+
+
+def unconvertible_layers(model: Any, to: str) -> list[str]:
+    """Names of the layers :func:`convert` would leave unconverted for target ``to``.
+
+    Raises:
+        ValueError: unknown ``to``.
+    """
+    _check_to(to)
+    return [layer.name for layer in iter_layers(model) if not isinstance(layer, keras.Model) and _blocked(layer, to)]
+
+
+def convert(model: Any, to: str, matmul: str = "auto") -> Any:
+    """Convert every fully connected layer of ``model`` to ``to``.
+
+    Args:
+        model: A Keras layer, a Sequential or functional model (cloned, with
+            weights copied) or a subclassed model (changed in place and
+            returned).
+        to: ``"dense"`` (``keras.layers.Dense``, masked layers stripped),
+            ``"masked"`` (``MaskedDense`` and the other masked layers) or
+            ``"sparse"`` (``SparseDense``). See the module docstring for how
+            the structure carries over.
+        matmul: Kernel of the created ``SparseDense`` layers (``"auto"``,
+            ``"native"``, ``"coo"``, ``"csr"``, ``"dense"``).
+
+    Returns:
+        The converted layer or model. Outputs agree with the input model's to
+        float rounding (the sparse kernels sum in another order).
+
+    Warns:
+        ConversionWarning: listing the layers left unconverted
+            (see :func:`unconvertible_layers`).
+
+    Raises:
+        ValueError: unknown ``to`` or ``matmul``, or ``model`` is not a Keras layer;
+            raised before anything changes.
+    """
+    _check_to(to)
+    check_matmul(matmul)
+    if not isinstance(model, keras.layers.Layer):
+        raise ValueError(f"model must be a Keras 3 layer or model, got {type(model).__module__}.{type(model).__name__}")
+    blocked = unconvertible_layers(model, to)
+
+    def fn(layer: Any) -> Any:
+        if isinstance(layer, keras.Model):
+            return _convert(layer, fn)
+        new = _convert_layer(layer, to, matmul)
+        return layer if new is None else new
+
+    out = _convert(model, fn)
+    if blocked:
+        warnings.warn(
+            f"convert(to={to!r}) left {len(blocked)} layer(s) unconverted: {blocked}", ConversionWarning, stacklevel=2
+        )
+    return out
