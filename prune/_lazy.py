@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-__all__ = ["SERIALIZABLE", "install", "settle"]
+__all__ = ["SERIALIZABLE", "install", "settle", "submodules"]
 
 SERIALIZABLE = (
     "prune.layers.freezing",
@@ -141,3 +141,20 @@ def install() -> None:
         sys.meta_path.insert(0, _Settle())
     _after_import("tensorflow", _load_native)
     _after_import("keras", _register_keras_side)
+
+
+def submodules(package: str) -> Callable[[str], Any]:
+    """A PEP 562 ``__getattr__`` for ``package``: ``package.<module>`` imports that module on first use.
+
+    The subpackages (``prune.core``, ``prune.training``, ``prune.deploy``) use it, so that after ``import prune``
+    an attribute path such as ``prune.training.dst.METHODS`` works as ``prune.<module>`` does.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            module = importlib.import_module(f"{package}.{name}")
+            setattr(sys.modules[package], name, module)
+            return module
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

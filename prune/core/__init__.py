@@ -4,14 +4,6 @@ Nothing here imports TensorFlow or Keras, so the experiment runner's main proces
 notebook reads the registries in milliseconds (``import prune`` loads some of these; :mod:`prune.algorithms`, also NumPy only, loads on first use).
 """
 
+from prune._lazy import submodules as _submodules
 
-def __getattr__(name: str) -> object:
-    """``prune.core.<module>`` on first use (PEP 562), as for ``prune`` itself."""
-    import importlib
-    import importlib.util
-
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f"{__name__}.{name}")
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _submodules(__name__)
