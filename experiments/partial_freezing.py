@@ -44,7 +44,7 @@ import tensorflow as tf  # noqa: E402
 from prune.layers.embeddings import load_glove  # noqa: E402
 from prune.layers.freezing import LazyAdam  # noqa: E402
 from prune.layers.frozen import PartiallyFrozenEmbedding  # noqa: E402
-from prune.training.optimizer_state import slots_for  # noqa: E402
+from prune.layers.optimizer_state import slots_for  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -240,3 +240,61 @@ def test_keras_side_loads_on_first_use_and_registers_for_loading():
         "print(json.dumps(dict(before=before, after='keras' in sys.modules, layers=[type(l).__name__ for l in m.layers])))"
     )
     assert out == {"before": False, "after": True, "layers": ["MaskedConv2D", "Flatten", "MaskedDense", "MaskedDense"]}
+
+
+# -- prune's folders import one way ------------------------------------------------------------------------------------
+
+# A folder may import the folders listed for it (and prune's top-level modules: the lazy public names, _lazy,
+# _internals; api only from deploy), never one above it: core <- algorithms <- layers <- training <- deploy.
+FOLDER_ORDER = {
+    "core": set(),
+    "algorithms": {"core"},
+    "native": {"core"},
+    "layers": {"core", "native", "algorithms"},
+    "training": {"core", "native", "algorithms", "layers"},
+    "deploy": {"core", "native", "algorithms", "layers", "training"},
+}
+
+
+def _folder_imports(package: Path) -> dict[tuple[str, str], list[str]]:
+    """``{(from_folder, to_folder): [module imports name, ...]}`` over every import in ``package``, functions included."""
+    import ast
+
+    folders = {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).parts
+        src = parts[0] if len(parts) > 1 else None
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                bits = name.split(".")
+                if bits[0] != package.name or len(bits) < 2 or bits[1] not in folders | {"api"}:
+                    continue
+                dst = bits[1]
+                if src is not None and dst != src:
+                    found.setdefault((src, dst), []).append(f"{'/'.join(parts)} imports {name}")
+    return found
+
+
+def test_prune_folders_import_one_way():
+    found = _folder_imports(ROOT / "prune")
+    assert set(FOLDER_ORDER) <= {src for src, _ in found} | set(FOLDER_ORDER)  # every folder is listed
+    bad = [line for (src, dst), lines in sorted(found.items())
+           if dst not in FOLDER_ORDER.get(src, set()) and not (dst == "api" and src == "deploy") for line in lines]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_folder_check_finds_an_upward_import(tmp_path):
+    pkg = tmp_path / "prune"
+    for folder, body in (("core", "from prune.layers import thing\n"), ("layers", "")):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+        (pkg / folder / "mod.py").write_text(body)
+    assert _folder_imports(pkg) == {("core", "layers"): ["core/mod.py imports prune.layers",
+                                                         "core/mod.py imports prune.layers.thing"]}

@@ -42,7 +42,7 @@ def test_optimizer_variables_are_the_trained_variables_in_slot_order():
     tracked = internals.optimizer_variables(opt)
     assert [v is w for v, w in zip(tracked, variables)] == [True, True]
     assert internals.OPTIMIZER_VARIABLES in vars(opt)
-    # slot i shadows variable i: the contract prune.training.optimizer_state relies on
+    # slot i shadows variable i: the contract prune.layers.optimizer_state relies on
     assert [tuple(m.shape) for m in opt._momentums] == [(3, 2), (4,)]
 
 

@@ -24,7 +24,7 @@ Three recipes from the reference threads freeze part of a tensor:
   their values are multiplied by the gathered mask rows), so the optimizer
   never *builds* state for a frozen entry.
 * When an entry becomes frozen after optimizer state exists, its slot entries
-  are set to +0.0 (:func:`prune.training.optimizer_state.zero_slot_entries`), so with
+  are set to +0.0 (:func:`prune.layers.optimizer_state.zero_slot_entries`), so with
   every Keras 3 optimizer the *update* of a frozen entry is exactly zero.
 * That still leaves weight decay (and the ``-0.0`` sign), so every frozen
   variable keeps a non-trainable copy of its frozen values and, after each
@@ -80,7 +80,7 @@ import tensorflow as tf
 
 from prune.core.masks import validate_mask
 from prune._internals import adam_moments, optimizer_variable_index, uses_weight_decay
-from prune.training.optimizer_state import zero_slot_entries
+from prune.layers.optimizer_state import zero_slot_entries
 
 __all__ = [
     "entry_stop_gradients",

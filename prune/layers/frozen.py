@@ -47,7 +47,7 @@ import tensorflow as tf
 
 from prune.layers.freezing import entry_stop_gradients
 from prune.layers.kinds import register_layer
-from prune.training.optimizer_state import zero_slot_entries
+from prune.layers.optimizer_state import zero_slot_entries
 
 __all__ = ["PartiallyFrozenEmbedding", "METHODS"]
 

@@ -42,7 +42,7 @@ from prune._internals import input_shape_arg, private_weight
 from prune.layers.kinds import register_layer
 from prune.layers.scheduled import ScheduledLayer
 from prune.core.notices import PruningWarning
-from prune.training.optimizer_state import zero_slot_entries
+from prune.layers.optimizer_state import zero_slot_entries
 from prune.core.targets import MaskTarget
 
 __all__ = [

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from prune.core.distributions import get_distribution
-from prune.training.driving import require_driver
+from prune.core.driving import require_driver
 from prune.core.patterns import Pattern, as_pattern, serialize_pattern
 from prune.core.schedules import PruningSchedule, as_schedule, serialize_schedule
 from prune.core.scoring import get_criterion
@@ -237,10 +237,10 @@ class ScheduledLayer:
         (a shared layer) counts each call.
 
         Raises:
-            ValueError: the layer has a schedule and nothing drives it (at trace time; :mod:`prune.training.driving`).
+            ValueError: the layer has a schedule and nothing drives it (at trace time; :mod:`prune.core.driving`).
         """
         if isinstance(training, bool) and training and self.built:  # type: ignore[attr-defined]
-            require_driver(self)  # Python, at trace time: no per-step cost (prune/training/driving.py)
+            require_driver(self)  # Python, at trace time: no per-step cost (prune/core/driving.py)
             self.pruning_step.assign_add(1)
 
     # -- serialisation ------------------------------------------------------------------

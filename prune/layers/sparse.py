@@ -97,7 +97,7 @@ from prune.layers import kernels
 from prune.core import masks as _masks
 from prune.layers.kinds import register_layer
 from prune.layers.scheduled import ScheduledLayer
-from prune.training.optimizer_state import slots_for
+from prune.layers.optimizer_state import slots_for
 from prune.core.patterns import Pattern, num_zeros
 from prune.core.targets import MaskTarget, iter_layers
 from prune.core.schedules import PruningSchedule
@@ -475,7 +475,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             keep: Bool ``[nnz]`` over the stored entries, or a dense
                 ``[n_in, n_out]`` 0/1 mask that is a subset of the structure.
             optimizer: Keras 3 optimizer training ``values``; its slots for
-                ``values`` (found by :func:`prune.training.optimizer_state.slots_for`)
+                ``values`` (found by :func:`prune.layers.optimizer_state.slots_for`)
                 are shrunk the same way.
 
         Returns:

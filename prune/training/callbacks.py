@@ -35,7 +35,7 @@ import tensorflow as tf
 from prune.core.scoring import get_criterion
 from prune.training.gradients import batch_of, compute_gradients
 from prune.training.pruning import prunable_entries, prunable_layers, stepped_layers, update_masks
-from prune.training.driving import attach, detach, guard_compiled_step, notify
+from prune.core.driving import attach, detach, guard_compiled_step, notify
 
 __all__ = ["UpdatePruningStep", "apply_masked_gradients", "mask_gradients"]
 
@@ -67,7 +67,7 @@ class UpdatePruningStep(keras.callbacks.Callback):
 
     Training a model with scheduled masks without this callback raises a
     ``ValueError`` when the training step is built, as in tfmot (see
-    :mod:`prune.training.driving` for why it raises rather than adds itself), and so
+    :mod:`prune.core.driving` for why it raises rather than adds itself), and so
     does a later ``fit`` that reuses the compiled step of a ``fit`` that had
     it. On a model with nothing to prune (only ``DepthwiseConv2D`` layers, or
     a pruning policy that selected nothing) the callback does nothing, as

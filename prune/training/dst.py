@@ -67,7 +67,7 @@ import numpy as np
 
 from prune.core import distributions as _dist
 from prune.algorithms import SparseTraining, Update, algorithms, get_algorithm
-from prune.training.driving import attach, detach
+from prune.core.driving import attach, detach
 from prune.training.gradients import batch_of, dense_gradients
 from prune.core.patterns import prune_lowest
 from prune.core.scoring import ScoreContext, get_criterion

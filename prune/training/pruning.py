@@ -36,7 +36,7 @@ import numpy as np
 from prune.core import distributions as _dist
 from prune.core.notices import PruningWarning
 from prune.core.scoring import ScoreContext, get_criterion
-from prune.training.optimizer_state import slots_for
+from prune.layers.optimizer_state import slots_for
 from prune.core.patterns import Pattern
 from prune.core import targets as _targets
 from prune.layers.scheduled import keeps_step, pruning_params_of

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from prune.training.driving import is_driven, listen, unlisten
+from prune.core.driving import is_driven, listen, unlisten
 from prune.training.pruning import get_step, prunable_layers, stepped_layers
 
 __all__ = ["PruningSummaries", "prune_scope", "pruning_scalars"]

@@ -8,7 +8,7 @@ import prune
 import prune.training.dst  # prune.training.dst.METHODS below
 from prune.algorithms import GraNet, MEST, SET, SparseTraining, Update, algorithms, get_algorithm, register_algorithm
 from prune.layers.sparse import SparseDense
-from prune.training.optimizer_state import slots_for
+from prune.layers.optimizer_state import slots_for
 from tests.helpers import mlp, mlp_data
 
 

@@ -116,7 +116,7 @@ def test_freeze_custom_loop_masks_gradients_and_slots(optimizer_factory):
         step(x[i * 16 : (i + 1) * 16], y[i * 16 : (i + 1) * 16])
     assert np.array_equal(bits(kernel.numpy()[:, :10]), bits(before[:, :10]))
     assert not np.array_equal(kernel.numpy()[:, 10:], before[:, 10:])
-    from prune.training.optimizer_state import slots_for
+    from prune.layers.optimizer_state import slots_for
 
     slots = slots_for(opt, kernel)
     stateless = isinstance(opt, keras.optimizers.SGD) and opt.momentum == 0

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from prune.layers.frozen import METHODS, PartiallyFrozenEmbedding
-from prune.training.optimizer_state import slots_for
+from prune.layers.optimizer_state import slots_for
 
 V, D, T = 23, 4, 5
 

@@ -8,7 +8,7 @@ import keras
 import prune
 from prune.layers.masked import MaskedDense
 from prune.layers.sparse import SparseDense
-from prune.training.optimizer_state import slots_for
+from prune.layers.optimizer_state import slots_for
 
 SPARSITIES = [0.0, 0.5, 0.9, 0.999]
 MATMULS = ["auto", "coo", "csr", "dense"]

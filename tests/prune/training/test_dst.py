@@ -13,7 +13,7 @@ import prune.training.dst  # prune.training.dst.METHODS below
 from prune.core.distributions import erk_zeros
 from prune.algorithms import cosine_drop_fraction, drop_and_grow, get_algorithm, num_drop, sign_drop_counts
 from prune.layers.sparse import SparseDense
-from prune.training.optimizer_state import slots_for
+from prune.layers.optimizer_state import slots_for
 from tests.helpers import masked_train_step, mlp, mlp_data
 
 # The registered algorithms that exchange entries (each weight keeps its live count): SET, RigL, MEST. GraNet,

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import prune
-from prune.training.optimizer_state import slots_for
+from prune.layers.optimizer_state import slots_for
 from tests.helpers import masked_train_step, mixed_data, mixed_model
 
 # Pruning starts at step 4, after four unpruned steps have built momentum/moments.

@@ -8,7 +8,7 @@ import pytest
 
 import prune
 from prune.training import lottery
-from prune.training.optimizer_state import slots_for
+from prune.layers.optimizer_state import slots_for
 from tests.helpers import mlp, mlp_data
 
 A = np.array([[0.1, -0.9, 0.3], [-0.2, 0.5, 0.3]], np.float32)  # "a/kernel": a tie at 0.3 (flat 2 and 5)
