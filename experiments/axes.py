@@ -46,6 +46,7 @@ __all__ = [
     "NoParams",
     "OneShotParams",
     "SetParams",
+    "sparse_training_algorithm",
     "RiglParams",
     "ImpParams",
     "DATASETS",
@@ -297,6 +298,21 @@ class _DstParams:
         choice("gradient_batch", self.gradient_batch, ("fixed", "current"), "gradient_batch")
 
 
+def sparse_training_algorithm(name: str, params: Any, sparsity: float, end_step: int = 10**6, seed: int = 0) -> Any:
+    """The library's algorithm for method ``name`` with the run's ``params`` (a :data:`DST_PARAMS` value), built
+    by :meth:`prune.algorithms.SparseTraining.for_run`; its ``ValueError`` as a :class:`ConfigError` at the field.
+
+    Validation passes the default ``end_step`` (a placeholder length of training); the run builds it with its own.
+    """
+    algorithm = SPARSE_TRAINING[name]
+    try:
+        return algorithm.for_run(sparsity, update_every=params.update_every, drop_fraction=params.drop_fraction,
+                                 end_step=end_step, decay=params.decay, seed=seed, drop=params.drop,
+                                 **{k: getattr(params, k) for k in algorithm.own_params})
+    except ValueError as err:
+        raise _own_params_error(name, err) from None
+
+
 def _own_params_error(name: str, err: ValueError) -> ConfigError:
     """A library algorithm's ``ValueError`` ("lam must be ...") as a :class:`ConfigError` at the field it names."""
     text = str(err)
@@ -320,12 +336,7 @@ def _dst_params_class(name: str, algorithm: type) -> type:
 
     def __post_init__(self: Any) -> None:
         _DstParams.__post_init__(self)
-        try:  # the algorithm's own checks, with a placeholder length of training (a run's own is checked in check)
-            own = {k: getattr(self, k) for k in algorithm.own_params}
-            algorithm.for_run(0.99, update_every=self.update_every, drop_fraction=self.drop_fraction, end_step=10**6,
-                              decay=self.decay, drop=self.drop, **own)
-        except ValueError as err:
-            raise _own_params_error(name, err) from None
+        sparse_training_algorithm(name, self, 0.99)  # the algorithm's own checks (a run's sparsity: in check)
 
     doc = (f"``{name}`` (:class:`{algorithm.__module__}.{algorithm.__qualname__}`): {(algorithm.__doc__ or '').strip().splitlines()[0]}")
     return dataclasses.make_dataclass(f"{name.capitalize()}Params", fields, bases=(_DstParams,), frozen=True,
@@ -396,12 +407,7 @@ def _check_sparse_training(run: Run) -> None:
     name = run.method.name
     algorithm = SPARSE_TRAINING[name]
     if algorithm.moves:  # the algorithm's own checks at this run's sparsity (GraNet: initial below final)
-        p = run.method.params
-        try:
-            algorithm.for_run(run.sparsity, update_every=p.update_every, drop_fraction=p.drop_fraction,
-                              end_step=10**6, decay=p.decay, drop=p.drop, **{k: getattr(p, k) for k in algorithm.own_params})
-        except ValueError as err:
-            raise _own_params_error(name, err) from None
+        sparse_training_algorithm(name, run.method.params, run.sparsity)
     if run.pattern.name != "unstructured":
         raise ConfigError("pattern", f"method {name!r} moves single weights (prune.training.dst); it needs 'unstructured'")
     if run.criterion != "magnitude":

@@ -51,6 +51,7 @@ def sparse_training(
     """
     import prune
 
+    from experiments.axes import sparse_training_algorithm
     from experiments.implementations import fixed_batch
 
     algorithm_class = SPARSE_TRAINING[run.method.name]
@@ -63,16 +64,8 @@ def sparse_training(
 
         p = run.method.params
         total = spe * run.training.epochs
-        algorithm = algorithm_class.for_run(
-            run.sparsity,
-            update_every=p.update_every,
-            drop_fraction=p.drop_fraction,
-            end_step=max(1, int(round(p.end * total))),
-            decay=p.decay,
-            seed=run.seed,
-            drop=p.drop,
-            **{k: getattr(p, k) for k in algorithm_class.own_params},
-        )
+        algorithm = sparse_training_algorithm(run.method.name, p, run.sparsity, end_step=max(1, int(round(p.end * total))),
+                                              seed=run.seed)
         start = algorithm.start_sparsity(run.sparsity)
         gradient_data = None
         if algorithm.needs_gradient:

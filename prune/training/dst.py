@@ -288,12 +288,7 @@ class DynamicSparsity(keras.callbacks.Callback):
         """
         targets = require_targets(self.model, "DynamicSparsity")
         fraction = self.fraction_at(step)
-        reads = []
-        for t in targets:
-            w, keep = t.weight, t.keep
-            if not np.all(np.isfinite(w)):
-                raise ValueError(f"weight {t.key!r} has NaN or infinite entries; no mask was changed")
-            reads.append((t, w, keep))
+        reads = [(t, t.weight, t.keep) for t in targets]  # checked by the algorithm's plan, before anything is written
         grads: Mapping[str, np.ndarray] = {}
         if self.algorithm.needs_gradient:
             x, y = batch_of(self._gradient_data, f"method {self.algorithm.name!r}")
