@@ -1,11 +1,16 @@
-"""Sparse-training algorithms: one base (:class:`SparseTraining`), one registry, one file per algorithm.
+"""Every algorithm that changes masks: one base (:class:`MaskAlgorithm`), one registry, one file per algorithm.
 
 NumPy only. Adding an algorithm is one file with a subclass and one :func:`register_algorithm` line, then an
-import here; :class:`prune.DynamicSparsity` runs it by name and the experiment runner offers it in sweep files.
+import here. Its :attr:`~MaskAlgorithm.kind` says who runs it: :func:`prune.update_masks` (``"pruning"``),
+:class:`prune.DynamicSparsity` by name (``"sparse_training"``; the experiment runner offers these in sweep files),
+:func:`prune.training.lottery.magnitude_masks` (``"lottery"``).
 
 ================  ==========================================  ========================================
-name              drop / grow                                 reference
+name              what changes the masks                      reference
 ================  ==========================================  ========================================
+``gradual``       each layer's schedule, criterion, pattern,  Zhu and Gupta 2018; tfmot
+                  distribution (masks only shrink)
+``imp``           one level of iterative magnitude pruning    Frankle and Carbin 2019
 ``static``        never moves                                 Evci et al. 2020 (the baseline)
 ``set``           magnitude / random                          Mocanu et al. 2018
 ``rigl``          magnitude / ``|dense gradient|``, cosine    Evci et al. 2020
@@ -18,6 +23,9 @@ name              drop / grow                                 reference
 from prune.algorithms.base import (
     DECAYS,
     DROPS,
+    KINDS,
+    MaskAlgorithm,
+    Planned,
     SparseTraining,
     Update,
     algorithms,
@@ -28,17 +36,24 @@ from prune.algorithms.base import (
     register_algorithm,
     sign_drop_counts,
 )
+from prune.algorithms.gradual import GradualPruning
 from prune.algorithms.granet import GraNet
 from prune.algorithms.mest import MEST
 from prune.algorithms.rigl import RigL
 from prune.algorithms.set import SET
 from prune.algorithms.static import Static
+from prune.algorithms.ticket import LotteryLevel
 
 __all__ = [
     "DECAYS",
     "DROPS",
+    "GradualPruning",
     "GraNet",
+    "KINDS",
+    "LotteryLevel",
     "MEST",
+    "MaskAlgorithm",
+    "Planned",
     "RigL",
     "SET",
     "SparseTraining",

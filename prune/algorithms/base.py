@@ -1,33 +1,39 @@
-"""The base of every sparse-training algorithm (an algorithm that moves masks during training), and its registry.
+"""The base of every algorithm that changes masks, and their registry.
 
 NumPy only: the runner's main process and config validation read the registry without TensorFlow.
 
-An algorithm is a subclass of :class:`SparseTraining` plus one :func:`register_algorithm` line, as in
-JaxPruner (``BaseUpdater`` and ``register_algorithm``). The base owns the loop of one update over every masked
-weight (:meth:`SparseTraining.plan`)::
+An algorithm is a subclass of :class:`MaskAlgorithm` plus one :func:`register_algorithm` line, as in
+JaxPruner (``BaseUpdater`` and ``register_algorithm``). The base owns one update over every masked weight::
 
-    when (should_update) -> check -> how many (live_counts, drop_counts)
-        -> score (drop_scores, grow_scores) -> select (drop the lowest, grow the highest)
+    when (due / should_update) -> check -> score -> select (pattern x distribution, or drop and grow)
 
-and :class:`prune.DynamicSparsity` owns the rest: it reads the weights and their keep-masks through the
-mask-target protocol (:mod:`prune.core.targets`), takes the dense gradient when the algorithm says it needs one,
-and installs what :meth:`SparseTraining.plan` returns (grown entries at +0.0 with zeroed optimizer slots).
-A subclass overrides one hook: SET is the base; RigL overrides the grow score; MEST the drop score; GraNet the
-live count (a gradual-pruning schedule) and the drop count.
+and the caller owns the rest: it reads the weights and their keep-masks through the mask-target protocol
+(:mod:`prune.core.targets`), takes the dense gradient or the optimizer slots when the algorithm needs them,
+and installs what :meth:`MaskAlgorithm.plan` returns. Three callers, one per kind of algorithm:
 
-Drop and grow scores are names of :mod:`prune.core.scoring`'s criteria registry (``drop = "magnitude"``,
+* ``kind = "pruning"``: :class:`prune.algorithms.GradualPruning` (Zhu and Gupta's schedules, tfmot's
+  ``prune_low_magnitude``), run by :func:`prune.update_masks` with each layer's own
+  :class:`~prune.layers.scheduled.PruningParams`;
+* ``kind = "sparse_training"``: :class:`SparseTraining` (SET, RigL, static, MEST, GraNet), run by
+  :class:`prune.DynamicSparsity`. SET is the base; RigL overrides the grow score; MEST the drop score;
+  GraNet the live count (a gradual-pruning schedule) and the drop count;
+* ``kind = "lottery"``: :class:`prune.algorithms.LotteryLevel`, IMP's level step, run by
+  :func:`prune.training.lottery.magnitude_masks`.
+
+Scores are names of :mod:`prune.core.scoring`'s criteria registry (``drop = "magnitude"``,
 ``grow = "random"`` or ``"gradient"``), so a new criterion is usable by a new algorithm with no change here.
 
-The arithmetic of one update is here too (:func:`drop_and_grow`, :func:`num_drop`,
+The arithmetic of one exchange is here too (:func:`drop_and_grow`, :func:`num_drop`,
 :func:`cosine_drop_fraction`, :func:`sign_drop_counts`); see :mod:`prune.training.dst` for the references to rigl's code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
-from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -35,6 +41,9 @@ from prune.core.patterns import prune_lowest
 from prune.core.scoring import ScoreContext, get_criterion
 
 __all__ = [
+    "KINDS",
+    "MaskAlgorithm",
+    "Planned",
     "Update",
     "SparseTraining",
     "register_algorithm",
@@ -48,6 +57,8 @@ __all__ = [
     "DROPS",
 ]
 
+KINDS = ("pruning", "sparse_training", "lottery", "oneshot")
+"""The kinds of :class:`MaskAlgorithm`: who runs it (see the module's docstring)."""
 DECAYS = ("constant", "cosine")
 """How the drop fraction moves over training: fixed, or :func:`cosine_drop_fraction` to 0 at ``end_step``."""
 DROPS = ("magnitude", "per_sign")
@@ -165,15 +176,31 @@ class Update:
         weight: The weight's dense view (pruned entries are +0.0).
         keep: Its keep-mask (bool, True = live).
         gradient: The dense gradient (with respect to ``weight * mask``, pruned entries included), when the
-            algorithm's :attr:`SparseTraining.needs_gradient`; else ``None``.
-        rng: A generator seeded by ``(seed, step, key)``: the same draws on every machine and rerun.
+            algorithm or criterion needs one; else ``None``.
+        rng: A generator seeded by ``(seed, step, key)`` (:meth:`SparseTraining.rng`): the same draws on every
+            machine and rerun; ``None`` for an algorithm that draws nothing.
+        params: The weight's own pruning settings, for algorithms that read them per weight
+            (:class:`prune.algorithms.GradualPruning`: an object with ``pruning_schedule``, ``pattern``,
+            ``criterion``, ``scope`` and ``seed``, e.g. a :class:`~prune.layers.scheduled.PruningParams`).
+        slots: The optimizer's slots of the weight as dense views, by slot path, for criteria that need them.
+        layer: The name of the layer that holds it (for messages).
     """
 
     key: str
     weight: np.ndarray
     keep: np.ndarray
-    gradient: np.ndarray | None
-    rng: np.random.Generator
+    gradient: np.ndarray | None = None
+    rng: np.random.Generator | None = None
+    params: Any = None
+    slots: Mapping[str, np.ndarray] = field(default_factory=dict)
+    layer: str = ""
+
+
+class Planned(NamedTuple):
+    """One weight's part of a plan: its new keep-mask, and ``n``, the entries the update exchanged or pruned."""
+
+    keep: np.ndarray
+    n: int
 
 
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
@@ -193,7 +220,74 @@ def _fraction(name: str, value: Any, lo: float, hi: float, lo_open: bool, text: 
     return v
 
 
-class SparseTraining:
+class MaskAlgorithm:
+    """Base of every algorithm that changes masks: when, check, score, select; the caller reads and installs.
+
+    A subclass sets :attr:`name` and :attr:`kind` and overrides :meth:`select` (and, where it differs from
+    the default, :meth:`due`/:meth:`should_update`, :meth:`check` or :meth:`scores`). :meth:`plan` runs the
+    hooks in order and writes nothing: everything that can fail runs before the caller installs a mask.
+    """
+
+    name: ClassVar[str] = ""
+    """The registered name (``DynamicSparsity(method=...)``, sweep files)."""
+    kind: ClassVar[str] = ""
+    """One of :data:`KINDS`: which caller runs it."""
+    needs_gradient: ClassVar[bool] = False
+    """Whether every update needs the dense gradient of each weight."""
+    paper: ClassVar[dict[str, Any]] = {}
+    """The paper's settings where they differ from the constructor's defaults (a runner offers these)."""
+    own_params: ClassVar[dict[str, Any]] = {}
+    """The algorithm's own keyword arguments beyond its base's, with their defaults, for a runner to offer."""
+
+    # -- when --------------------------------------------------------------------------------------------------
+    def should_update(self, step: int) -> bool:
+        """Whether the algorithm changes masks before training step ``step`` (default: always when asked)."""
+        return True
+
+    def due(self, items: Sequence[Any], step: int) -> list[Any]:
+        """Those of ``items`` whose masks change at ``step``, reading no weight: all of them when
+        :meth:`should_update`. ``items`` are anything with ``key`` (and ``params`` where the algorithm reads them)."""
+        return list(items) if self.should_update(step) else []
+
+    # -- check, score, select --------------------------------------------------------------------------------
+    def check(self, updates: Sequence[Update]) -> None:
+        """Refuses what the update cannot use (non-finite weights; a missing or non-finite gradient when
+        :attr:`needs_gradient`), naming the weight, before anything is written."""
+        for u in updates:
+            if not np.all(np.isfinite(u.weight)):
+                bad = int((~np.isfinite(u.weight)).sum())
+                where = f" (layer {u.layer!r})" if u.layer else ""
+                raise ValueError(f"weight {u.key!r}{where} has {bad} NaN or infinite entries; no mask was changed")
+            if self.needs_gradient:
+                if u.gradient is None:
+                    raise ValueError(f"method {self.name!r} needs the gradient of {u.key!r}; none was given")
+                if not np.all(np.isfinite(u.gradient)):
+                    raise ValueError(f"the gradient of {u.key!r} has NaN or infinite entries; no mask was changed")
+
+    def criterion_scores(self, name: str, u: Update, seed: int = 0, step: int = 0) -> np.ndarray:
+        """The :mod:`prune.core.scoring` criterion ``name`` on ``u`` (float64; checked finite)."""
+        crit = get_criterion(name)
+        ctx = ScoreContext(weight=u.weight, gradient=u.gradient, slots=dict(u.slots), step=int(step), seed=int(seed),
+                           key=u.key)
+        scores = np.asarray(crit(ctx), np.float64)
+        if not np.all(np.isfinite(scores)):
+            raise ValueError(f"criterion {name!r} gave NaN or infinite scores for {u.key!r}; no mask was changed")
+        return scores
+
+    def select(self, updates: Sequence[Update], step: int) -> list[Planned]:
+        """The new keep-mask of every weight (in the order given), after :meth:`check`. Subclasses define it."""
+        raise NotImplementedError(f"{type(self).__qualname__} must define select(updates, step)")
+
+    def plan(self, updates: Sequence[Update], step: int = 0) -> list[Planned]:
+        """:meth:`check`, then :meth:`select`: one :class:`Planned` per update, in order; writes nothing.
+
+        ``step`` is the training step about to run (an algorithm that runs once, as IMP's level step, ignores it).
+        """
+        self.check(updates)
+        return self.select(updates, step)
+
+
+class SparseTraining(MaskAlgorithm):
     """Base of the algorithms that move masks during training; its hooks, unchanged, are SET's.
 
     Every ``update_every`` steps, drop the ``drop_fraction`` of live weights of lowest drop score (magnitude)
@@ -218,10 +312,7 @@ class SparseTraining:
         ValueError: a bad argument, naming it and its value.
     """
 
-    name: ClassVar[str] = ""
-    """The name in ``DynamicSparsity(method=...)`` and in sweep files."""
-    needs_gradient: ClassVar[bool] = False
-    """Whether an update needs the dense gradient (``gradient_data`` of :class:`prune.DynamicSparsity`)."""
+    kind = "sparse_training"
     default_decay: ClassVar[str] = "constant"
     drop_criterion: ClassVar[str] = "magnitude"
     """A :mod:`prune.core.scoring` criterion: lower drops first."""
@@ -233,9 +324,6 @@ class SparseTraining:
     """The paper's settings where they differ from the base's (``update_every=100``, ``drop_fraction=0.3``,
     ``decay=default_decay``, ``end=1.0``): ``end`` is the fraction of the training steps after which no update
     runs (RigL: 0.75). An experiment runner offers these as the method's defaults."""
-    own_params: ClassVar[dict[str, Any]] = {}
-    """The algorithm's own keyword arguments beyond the base's, with their defaults (MEST: ``{"lam": 1.0}``), for
-    a runner to offer in sweep files; validated by the constructor."""
     keeps_live: ClassVar[bool] = True
     """Whether every update keeps each weight's number of live entries (an exchange); False when a schedule
     shrinks them (GraNet)."""
@@ -289,17 +377,6 @@ class SparseTraining:
         return float(target)
 
     # -- the hooks -----------------------------------------------------------------------------------------------
-    def check(self, updates: Sequence[Update]) -> None:
-        """Refuses what the update cannot use (non-finite weights or gradients), before anything is written."""
-        for u in updates:
-            if not np.all(np.isfinite(u.weight)):
-                raise ValueError(f"weight {u.key!r} has NaN or infinite entries; no mask was changed")
-            if self.needs_gradient:
-                if u.gradient is None:
-                    raise ValueError(f"method {self.name!r} needs the gradient of {u.key!r}; none was given")
-                if not np.all(np.isfinite(u.gradient)):
-                    raise ValueError(f"the gradient of {u.key!r} has NaN or infinite entries; no mask was changed")
-
     def live_counts(self, updates: Sequence[Update], step: int) -> dict[str, int]:
         """Live entries per weight before the exchange; the base keeps each weight's count."""
         return {u.key: int(u.keep.sum()) for u in updates}
@@ -311,10 +388,10 @@ class SparseTraining:
         return num_drop(live, fraction), None
 
     def _criterion(self, name: str, u: Update) -> np.ndarray:
-        ctx = ScoreContext(weight=u.weight, gradient=u.gradient, seed=self.seed, key=u.key)
         if name == "random":  # the update's own draws: (seed, step, key), not the criterion's (seed, key)
-            return u.rng.random(u.weight.shape)
-        return np.asarray(get_criterion(name)(ctx), np.float64)
+            rng = u.rng if u.rng is not None else self.rng(0, u.key)
+            return rng.random(u.weight.shape)
+        return self.criterion_scores(name, u, seed=self.seed)
 
     def drop_scores(self, u: Update) -> np.ndarray:
         """Lower drops first: :attr:`drop_criterion`."""
@@ -325,14 +402,13 @@ class SparseTraining:
         return self._criterion(self.grow_criterion, u)
 
     # -- the loop -----------------------------------------------------------------------------------------------
-    def plan(self, updates: Sequence[Update], step: int) -> list[tuple[np.ndarray, int]]:
+    def select(self, updates: Sequence[Update], step: int) -> list[Planned]:
         """The new keep-mask of every weight at ``step``, and its exchanged count ``n``; writes nothing.
 
-        Steps: :meth:`check`, :meth:`live_counts` (a schedule may shrink a weight first, by drop score),
+        Steps (after :meth:`check`): :meth:`live_counts` (a schedule may shrink a weight first, by drop score),
         then per weight :meth:`drop_counts` of the live entries dropped by :meth:`drop_scores` and as many
         grown by :meth:`grow_scores` (:func:`drop_and_grow`).
         """
-        self.check(updates)
         fraction = self.fraction_at(step)
         live = self.live_counts(updates, step)
         out = []
@@ -343,10 +419,10 @@ class SparseTraining:
             if live[u.key] < now:  # a schedule prunes first: keep the live[key] live entries of highest drop score
                 keep = prune_lowest(np.asarray(drop, np.float64).reshape(-1), keep.reshape(-1),
                                     keep.size - live[u.key]).reshape(keep.shape)
-            shrunk = Update(u.key, u.weight, keep, u.gradient, u.rng)
+            shrunk = dataclasses.replace(u, keep=keep)
             n, n_negative = self.drop_counts(shrunk, live[u.key], fraction)
             new = drop_and_grow(u.weight, keep, n, self.grow_scores(u), n_negative=n_negative, drop_scores=drop)
-            out.append((new, n + (n_negative or 0)))
+            out.append(Planned(new, n + (n_negative or 0)))
         return out
 
     def rng(self, step: int, key: str) -> np.random.Generator:
@@ -356,34 +432,51 @@ class SparseTraining:
 
 # -- the registry ----------------------------------------------------------------------------------------------
 
-_REGISTRY: dict[str, type[SparseTraining]] = {}
+_REGISTRY: dict[str, type[MaskAlgorithm]] = {}
 
 
-def register_algorithm(cls: type[SparseTraining]) -> type[SparseTraining]:
-    """Make ``cls`` reachable by its :attr:`SparseTraining.name` (from ``DynamicSparsity`` and sweep files).
+def register_algorithm(cls: type[MaskAlgorithm]) -> type[MaskAlgorithm]:
+    """Make ``cls`` reachable by its :attr:`MaskAlgorithm.name` (from ``DynamicSparsity``, the engine and sweep files).
 
-    Usable as a class decorator. Raises ``ValueError`` for a name taken by another class or a class that is
-    not a :class:`SparseTraining`.
+    Usable as a class decorator. Raises ``ValueError`` for a name taken by another class, a class that is not a
+    :class:`MaskAlgorithm`, or a :attr:`MaskAlgorithm.kind` outside :data:`KINDS`.
     """
-    if not (isinstance(cls, type) and issubclass(cls, SparseTraining)):
-        raise ValueError(f"cls must be a subclass of SparseTraining, got {cls!r}")
+    if not (isinstance(cls, type) and issubclass(cls, MaskAlgorithm)):
+        raise ValueError(f"cls must be a subclass of MaskAlgorithm, got {cls!r}")
     name = cls.name
     if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
         raise ValueError(f"an algorithm's name must be a lower-case identifier, got {name!r}")
+    if cls.kind not in KINDS:
+        raise ValueError(f"algorithm {name!r} has kind {cls.kind!r}; a kind must be one of {list(KINDS)}")
     if name in _REGISTRY and _REGISTRY[name] is not cls:
         raise ValueError(f"algorithm {name!r} is registered already (by {_REGISTRY[name].__qualname__})")
     _REGISTRY[name] = cls
     return cls
 
 
-def algorithms(moving: bool | None = None, needs_gradient: bool | None = None) -> list[str]:
-    """Registered algorithm names, sorted; ``moving``/``needs_gradient`` filter on those class attributes."""
-    return sorted(n for n, c in _REGISTRY.items()
-                  if (moving is None or c.moves == moving) and (needs_gradient is None or c.needs_gradient == needs_gradient))
+def algorithms(kind: str | None = None, moving: bool | None = None, needs_gradient: bool | None = None) -> list[str]:
+    """Registered algorithm names, sorted.
+
+    Args:
+        kind: Only those of this :attr:`MaskAlgorithm.kind` (one of :data:`KINDS`); ``None``: every kind.
+        moving: Only sparse-training algorithms whose :attr:`SparseTraining.moves` is this.
+        needs_gradient: Only those whose :attr:`MaskAlgorithm.needs_gradient` is this.
+    """
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)} or None, got {kind!r}")
+    return sorted(
+        n for n, c in _REGISTRY.items()
+        if (kind is None or c.kind == kind)
+        and (moving is None or (issubclass(c, SparseTraining) and c.moves == moving))
+        and (needs_gradient is None or c.needs_gradient == needs_gradient)
+    )
 
 
-def get_algorithm(name: str, arg: str = "method") -> type[SparseTraining]:
-    """The class registered as ``name``; an unknown name raises ``ValueError`` naming ``arg`` and the valid names."""
-    if name not in _REGISTRY:
-        raise ValueError(f"{arg} must be one of {algorithms(moving=True)}, got {name!r}")
+def get_algorithm(name: str, arg: str = "method", kind: str | None = None) -> type[MaskAlgorithm]:
+    """The class registered as ``name`` (of ``kind``, when given).
+
+    An unknown name raises ``ValueError`` naming ``arg`` and the valid names (those of ``kind``).
+    """
+    if name not in _REGISTRY or (kind is not None and _REGISTRY[name].kind != kind):
+        raise ValueError(f"{arg} must be one of {algorithms(kind)}, got {name!r}")
     return _REGISTRY[name]

@@ -78,7 +78,7 @@ __all__ = ["METHODS", "DynamicSparsity", "sparse_init"]
 
 def __getattr__(name: str) -> Any:
     if name == "METHODS":  # read from the registry each time: an algorithm registered later is a method too
-        return tuple(algorithms(moving=True))
+        return tuple(algorithms("sparse_training", moving=True))
     raise AttributeError(f"module 'prune.training.dst' has no attribute {name!r}")
 
 
@@ -241,14 +241,15 @@ class DynamicSparsity(keras.callbacks.Callback):
         if isinstance(method, SparseTraining):
             algorithm = method
         else:
-            if not isinstance(method, str) or method not in algorithms(moving=True):
-                raise ValueError(f"method must be one of {algorithms(moving=True)}, got {method!r}")
+            if not isinstance(method, str) or method not in algorithms("sparse_training", moving=True):
+                raise ValueError(f"method must be one of {algorithms('sparse_training', moving=True)}, got {method!r}")
             base = dict(update_every=update_every, end_step=end_step, decay=decay, seed=seed, drop=drop)
             if drop_fraction is not None:
                 base["drop_fraction"] = drop_fraction
-            algorithm = get_algorithm(method)(**base, **params)
+            algorithm = get_algorithm(method, kind="sparse_training")(**base, **params)
         if not algorithm.moves:
-            raise ValueError(f"method must be one of {algorithms(moving=True)}, got {algorithm.name!r}, which never moves a mask")
+            raise ValueError(f"method must be one of {algorithms('sparse_training', moving=True)}, got {algorithm.name!r}, "
+                             "which never moves a mask")
         if algorithm.needs_gradient and gradient_data is None:
             what = "grows by the dense gradient" if algorithm.name == "rigl" else "scores with the gradient"
             raise ValueError(f"method={algorithm.name!r} {what}: pass gradient_data=(x, y) or a callable returning one")
@@ -294,7 +295,7 @@ class DynamicSparsity(keras.callbacks.Callback):
             x, y = batch_of(self._gradient_data, f"method {self.algorithm.name!r}")
             grads = dense_gradients(self.model, x, y, loss=self._loss)
         updates = [Update(t.key, w, keep, None if t.key not in grads else np.asarray(grads[t.key], np.float64),
-                          self.algorithm.rng(step, t.key)) for t, w, keep in reads]
+                          self.algorithm.rng(step, t.key), layer=t.layer.name) for t, w, keep in reads]
         plans = self.algorithm.plan(updates, step)
         records = []
         optimizer = self._optimizer if self._optimizer is not None else getattr(self.model, "optimizer", None)

@@ -55,10 +55,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import tensorflow as tf
 
-from prune.core import distributions as _dist
+from prune.algorithms import LotteryLevel, Update
 from prune.core import masks as _masks
 from prune._internals import optimizer_variables
-from prune.core.patterns import Unstructured, prune_lowest
+from prune.core.patterns import prune_lowest
 from prune.core.scoring import ScoreContext, get_criterion
 from prune.core.targets import MaskTarget, iter_layers, require_targets
 
@@ -216,15 +216,9 @@ def magnitude_masks(model: Any, sparsity: float, scope: str = "layer") -> dict[s
         ValueError: bad arguments, or a NaN or infinite weight (named).
     """
     _fraction("sparsity", sparsity)
-    dist = _dist.get_distribution(scope)
-    crit = get_criterion("magnitude")
-    scores, previous = {}, {}
-    for t in _targets(model, "magnitude_masks"):
-        if not np.all(np.isfinite(t.weight)):
-            raise ValueError(f"weight {t.key!r} has NaN or infinite entries; cannot prune by magnitude")
-        scores[t.key] = crit(ScoreContext(weight=t.weight, key=t.key))
-        previous[t.key] = t.keep
-    return dist.select(scores, float(sparsity), previous, Unstructured())
+    level = LotteryLevel(float(sparsity), scope)
+    updates = [Update(t.key, t.weight, t.keep, layer=t.layer.name) for t in _targets(model, "magnitude_masks")]
+    return {u.key: planned.keep for u, planned in zip(updates, level.plan(updates, 0))}
 
 
 def _check_masks(name: str, masks: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:

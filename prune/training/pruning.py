@@ -8,10 +8,12 @@ scheduled layers are also the ones whose ``pruning_step`` counts the steps
 (:func:`~prune.layers.scheduled.keeps_step`). Nothing else of a layer is read.
 The engine pairs each :class:`prune.core.targets.MaskTarget` with the layer's
 pruning parameters (schedule, pattern, criterion, scope, seed) in a
-:class:`PruningEntry` and owns everything else::
+:class:`PruningEntry`; the selection is an algorithm like every other mask
+change, :class:`prune.algorithms.GradualPruning` (:mod:`prune.algorithms.base`)::
 
-    entries -> which schedules fire -> check (finite weights, gradients present)
-            -> scores (criterion) -> keep-masks (pattern x distribution) -> install
+    entries -> due (which schedules fire; no weight read) -> read weights, gradients, slots
+            -> plan: check (finite weights) -> scores (criterion) -> keep-masks (pattern x distribution)
+            -> install (the mask-target protocol)
 
 so every criterion, pattern and distribution reaches every kind of layer, and
 a masked model and a ``SparseDense`` model select the same masks. The
@@ -27,19 +29,17 @@ Every check runs before any variable changes.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
-from prune.core import distributions as _dist
-from prune.core.notices import PruningWarning
-from prune.core.scoring import ScoreContext, get_criterion
+from prune.algorithms import GradualPruning, Update
+from prune.core.scoring import get_criterion
 from prune.layers.optimizer_state import slots_for
 from prune.core.patterns import Pattern
 from prune.core import targets as _targets
-from prune.layers.scheduled import keeps_step, pruning_params_of
+from prune.layers.scheduled import PruningParams, keeps_step, pruning_params_of
 from prune.core.targets import MaskTarget, mask_targets
 
 __all__ = [
@@ -59,19 +59,18 @@ class PruningEntry:
 
     Attributes:
         target: How to read and install its mask.
-        schedule: ``step -> (should_update, sparsity)``.
-        pattern: A :class:`prune.core.patterns.Pattern`.
-        criterion: Registered criterion name.
-        scope: Registered distribution name (:func:`prune.core.distributions.get_distribution`).
-        seed: Seed given to the criterion.
+        params: Its layer's :class:`~prune.layers.scheduled.PruningParams` (schedule, pattern, criterion,
+            scope, seed), with a schedule.
     """
 
     target: MaskTarget
-    schedule: Any
-    pattern: Pattern
-    criterion: str
-    scope: str
-    seed: int
+    params: PruningParams
+
+    schedule = property(lambda self: self.params.pruning_schedule, doc="``step -> (should_update, sparsity)``.")
+    pattern = property(lambda self: self.params.pattern, doc="A :class:`prune.core.patterns.Pattern`.")
+    criterion = property(lambda self: self.params.criterion, doc="Registered criterion name.")
+    scope = property(lambda self: self.params.scope, doc="Registered distribution name.")
+    seed = property(lambda self: self.params.seed, doc="Seed given to the criterion.")
 
     @property
     def key(self) -> str:
@@ -126,9 +125,7 @@ def prunable_entries(model: Any) -> list[PruningEntry]:
     for t in mask_targets(model):
         params = pruning_params_of(t.layer)
         if params is not None and params.pruning_schedule is not None:
-            entries.append(
-                PruningEntry(t, params.pruning_schedule, params.pattern, params.criterion, params.scope, params.seed)
-            )
+            entries.append(PruningEntry(t, params))
     return entries
 
 
@@ -143,50 +140,18 @@ def get_step(model: Any) -> int:
     return int(layers[0].pruning_step.numpy()) if layers else 0
 
 
-def _check_finite(entry: PruningEntry) -> None:
-    if not np.all(np.isfinite(entry.weight)):
-        bad = int((~np.isfinite(entry.weight)).sum())
-        raise ValueError(
-            f"weight {entry.key!r} (layer {entry.layer.name!r}) has {bad} NaN or infinite entries; "
-            "no mask was changed"
-        )
-
-
-def _scores(entry: PruningEntry, step: int, gradients: Mapping[str, Any] | None, optimizer: Any) -> np.ndarray:
-    crit = get_criterion(entry.criterion)
+def _update(entry: PruningEntry, step: int, gradients: Mapping[str, Any] | None, optimizer: Any) -> Update:
+    """What :class:`prune.algorithms.GradualPruning` sees of ``entry``: its weight, mask, settings, and the
+    gradient and optimizer slots its criterion needs."""
     grad = None
     if gradients is not None and entry.key in gradients:
         grad = np.asarray(gradients[entry.key])
         if grad.shape != entry.weight.shape:
             raise ValueError(f"gradients[{entry.key!r}] has shape {grad.shape}, expected {entry.weight.shape}")
     slots = {}
-    if "slots" in crit.needs:
+    if "slots" in get_criterion(entry.criterion).needs:
         slots = {s.path: entry.to_dense(np.asarray(s.numpy())) for s in slots_for(optimizer, entry.variable)}
-    ctx = ScoreContext(weight=entry.weight, gradient=grad, slots=slots, step=int(step), seed=entry.seed, key=entry.key)
-    scores = crit(ctx)
-    if not np.all(np.isfinite(scores)):
-        raise ValueError(f"criterion {entry.criterion!r} gave NaN or infinite scores for {entry.key!r}; no mask was changed")
-    return scores
-
-
-def _group_plan(group: list[PruningEntry], scope: str) -> tuple[Any, Pattern]:
-    schedules = {repr(e.schedule) for e in group}
-    if len(schedules) > 1:
-        raise ValueError(f"weights with scope={scope!r} must share one pruning_schedule, got {sorted(schedules)}")
-    patterns = {repr(e.pattern) for e in group}
-    if len(patterns) > 1:
-        raise ValueError(f"weights with scope={scope!r} must share one pattern, got {sorted(patterns)}")
-    return group[0].schedule, group[0].pattern
-
-
-def _warn_emptied(entry: PruningEntry, sparsity: float) -> None:
-    warnings.warn(
-        f"sparsity {sparsity:g} prunes every entry of {entry.key!r} ({entry.weight.size} entries; exact counts prune "
-        f"round(sparsity * units) of them). tfmot keeps at least one: for its rule give the pattern keep_one=True, "
-        "e.g. pattern=prune.Unstructured(keep_one=True)",
-        PruningWarning,
-        stacklevel=3,
-    )
+    return Update(entry.key, entry.weight, entry.keep, grad, params=entry.params, slots=slots, layer=entry.layer.name)
 
 
 def update_masks(
@@ -214,36 +179,12 @@ def update_masks(
             groups that do not share a schedule or pattern; raised before any
             variable changes.
     """
-    entries = prunable_entries(model)
-    firing: list[tuple[list[PruningEntry], float, _dist.Distribution, Pattern]] = []
-    grouped: dict[str, list[PruningEntry]] = {}
-    for e in entries:
-        dist = _dist.get_distribution(e.scope)
-        if dist.grouped:
-            grouped.setdefault(dist.name, []).append(e)
-        elif e.schedule.should_update(step):
-            firing.append(([e], float(e.schedule(step)[1]), dist, e.pattern))
-    for name, group in grouped.items():
-        schedule, pattern = _group_plan(group, name)
-        if schedule.should_update(step):
-            firing.append((group, float(schedule(step)[1]), _dist.get_distribution(name), pattern))
-    # Everything that can fail runs before anything is written.
-    for group, _, _, _ in firing:
-        for e in group:
-            _check_finite(e)
-    plans = []
-    for group, sparsity, dist, pattern in firing:
-        scores = {e.key: _scores(e, step, gradients, optimizer) for e in group}
-        previous = {e.key: e.keep for e in group}
-        if dist.configured:
-            sparsity = _dist.configured_target(sparsity)  # ERK: 0.9, not the schedule's float32 0.8999999762
-        keep = dist.select(scores, sparsity, previous, pattern)
-        plans.extend((e, keep[e.key]) for e in group)
-        for e in group:
-            if e.keep.any() and not keep[e.key].any():
-                _warn_emptied(e, sparsity)
+    algorithm = GradualPruning()
+    due = algorithm.due(prunable_entries(model), step)  # no weight read yet
+    updates = [_update(e, step, gradients, optimizer) for e in due]
+    plans = algorithm.plan(updates, step)  # everything that can fail runs before anything is written
     result = MaskUpdate()
-    for e, keep in plans:
-        result.retrace |= bool(e.apply(keep, optimizer))
+    for e, planned in zip(due, plans):
+        result.retrace |= bool(e.apply(planned.keep, optimizer))
         result.append(e.key)
     return result

@@ -6,7 +6,19 @@ import pytest
 
 import prune
 import prune.training.dst  # prune.training.dst.METHODS below
-from prune.algorithms import GraNet, MEST, SET, SparseTraining, Update, algorithms, get_algorithm, register_algorithm
+from prune.algorithms import (
+    GradualPruning,
+    GraNet,
+    LotteryLevel,
+    MEST,
+    MaskAlgorithm,
+    SET,
+    SparseTraining,
+    Update,
+    algorithms,
+    get_algorithm,
+    register_algorithm,
+)
 from prune.layers.sparse import SparseDense
 from prune.layers.optimizer_state import slots_for
 from tests.helpers import mlp, mlp_data
@@ -22,16 +34,29 @@ def _update(weight, keep, gradient=None, key="w", seed=0, step=1):
 
 
 def test_the_registry_names_every_algorithm_and_what_it_needs():
-    assert algorithms() == ["granet", "mest", "rigl", "set", "static"]
+    assert algorithms() == ["gradual", "granet", "imp", "mest", "rigl", "set", "static"]
+    assert algorithms("sparse_training") == ["granet", "mest", "rigl", "set", "static"]
+    assert algorithms("pruning") == ["gradual"] and algorithms("lottery") == ["imp"] and algorithms("oneshot") == []
     assert algorithms(moving=True) == ["granet", "mest", "rigl", "set"] == list(prune.training.dst.METHODS)
     assert algorithms(needs_gradient=True) == ["granet", "mest", "rigl"]
     assert get_algorithm("rigl").grow_criterion == "gradient" and get_algorithm("set").grow_criterion == "random"
-    with pytest.raises(ValueError, match=r"method must be one of \['granet', 'mest', 'rigl', 'set'\], got 'snip'"):
+    assert all(issubclass(get_algorithm(n), MaskAlgorithm) for n in algorithms())
+    with pytest.raises(ValueError, match=r"method must be one of \['gradual', 'granet', 'imp', .*\], got 'snip'"):
         get_algorithm("snip")
+    with pytest.raises(ValueError, match=r"method must be one of \['granet', 'mest', 'rigl', 'set', 'static'\], got 'imp'"):
+        get_algorithm("imp", kind="sparse_training")
+    with pytest.raises(ValueError, match=r"kind must be one of \['pruning', 'sparse_training', 'lottery', 'oneshot'\]"):
+        algorithms("dense")
+    with pytest.raises(ValueError, match=r"method must be one of \['granet', 'mest', 'rigl', 'set'\], got 'gradual'"):
+        prune.DynamicSparsity("gradual")
     with pytest.raises(ValueError, match="registered already"):
         register_algorithm(type("Other", (SET,), {"name": "set"}))
     with pytest.raises(ValueError, match="lower-case identifier"):
         register_algorithm(type("Bad", (SET,), {"name": "Not A Name"}))
+    with pytest.raises(ValueError, match=r"algorithm 'odd' has kind 'other'; a kind must be one of"):
+        register_algorithm(type("Odd", (MaskAlgorithm,), {"name": "odd", "kind": "other"}))
+    with pytest.raises(ValueError, match="cls must be a subclass of MaskAlgorithm"):
+        register_algorithm(dict)
 
 
 def test_a_new_algorithm_is_one_subclass_and_one_registration(monkeypatch):
@@ -176,3 +201,64 @@ def test_granet_in_fit_follows_its_schedule_with_exact_zeros(kind):
         assert totals[step] == want, (step, totals[step], want)
     assert totals == sorted(totals, reverse=True) and totals[-1] == n - int(np.round(0.8 * n))
     assert sum(r["grown"] for r in cb.history) > 0  # the regeneration moved entries too
+
+
+# -- gradual pruning and IMP's level step: the same base, other callers -------------------------------------------
+
+
+def _params(sparsity=0.5, scope="layer", pattern=None, criterion="magnitude", begin=0, frequency=1):
+    from prune.layers.scheduled import PruningParams
+
+    return PruningParams(prune.ConstantSparsity(sparsity, begin_step=begin, frequency=frequency),
+                         pattern, criterion, scope, 0)
+
+
+def test_gradual_pruning_selects_each_weight_by_its_own_settings_and_only_shrinks():
+    alg = GradualPruning()
+    a = Update("a/kernel", np.array([[0.3, -0.1], [0.0, 0.7]]), np.array([[True, True], [False, True]]),
+               params=_params(0.5), layer="a")
+    b = Update("b/kernel", np.array([0.4, -0.5, 0.2, 0.1]), np.ones(4, bool), params=_params(0.75, begin=10), layer="b")
+    assert alg.due([a, b], 0) == [a]  # b's schedule begins at step 10: not due, and its weight is never read
+    # a: round(0.5 * 4) = 2 zeros: the pruned 0.0, then the smallest live |w| = 0.1
+    (new, n), = alg.plan([a], 0)
+    np.testing.assert_array_equal(new, [[True, False], [False, True]])
+    assert n == 1  # one entry newly pruned
+    # b at step 10: round(0.75 * 4) = 3 zeros, the kept one is |-0.5|
+    (new_b, n_b), = alg.plan([b], 10)
+    np.testing.assert_array_equal(new_b, [False, True, False, False])
+    assert n_b == 3
+
+
+def test_gradual_pruning_global_groups_share_one_threshold_and_one_schedule():
+    alg = GradualPruning()
+    a = Update("a/kernel", np.array([0.9, 0.1, 0.5]), np.ones(3, bool), params=_params(0.5, "global"), layer="a")
+    b = Update("b/kernel", np.array([0.2, 0.8, 0.05]), np.ones(3, bool), params=_params(0.5, "global"), layer="b")
+    # round(0.5 * 6) = 3 zeros over both: 0.05, 0.1, 0.2
+    (ka, na), (kb, nb) = alg.plan([a, b], 0)
+    np.testing.assert_array_equal(ka, [True, False, True])
+    np.testing.assert_array_equal(kb, [False, True, False])
+    assert (na, nb) == (1, 2)
+    other = Update("c/kernel", np.ones(2), np.ones(2, bool), params=_params(0.25, "global"), layer="c")
+    with pytest.raises(ValueError, match=r"weights with scope='global' must share one pruning_schedule"):
+        alg.due([a, other], 0)
+    bad = Update("a/kernel", np.array([np.nan, 1.0, 2.0]), np.ones(3, bool), params=_params(0.5), layer="a")
+    with pytest.raises(ValueError, match=r"weight 'a/kernel' \(layer 'a'\) has 1 NaN or infinite entries; no mask was changed"):
+        alg.plan([bad], 0)
+
+
+def test_imp_level_prunes_the_survivors_by_magnitude_layerwise_or_globally():
+    a = Update("a/kernel", np.array([0.9, 0.1, 0.0, 0.5]), np.array([True, True, False, True]))
+    b = Update("b/kernel", np.array([0.2, 0.8, 0.05, 0.3]), np.ones(4, bool))
+    # layer: round(0.5 * 4) = 2 zeros each; a keeps 0.9 and 0.5 (the pruned 0.0 stays pruned), b keeps 0.8 and 0.3
+    (ka, na), (kb, nb) = LotteryLevel(0.5, "layer").plan([a, b])
+    np.testing.assert_array_equal(ka, [True, False, False, True])
+    np.testing.assert_array_equal(kb, [False, True, False, True])
+    assert (na, nb) == (1, 2)
+    # global at 0.75: round(0.75 * 8) = 6 zeros: 0.9 and 0.8 survive
+    (ka, _), (kb, _) = LotteryLevel(0.75, "global").plan([a, b])
+    np.testing.assert_array_equal(ka, [True, False, False, False])
+    np.testing.assert_array_equal(kb, [False, True, False, False])
+    with pytest.raises(ValueError, match=r"sparsity must be a number in \[0, 1\), got 1.0"):
+        LotteryLevel(1.0)
+    with pytest.raises(ValueError, match=r"unknown scope 'rows'; valid: \['layer', 'global', 'erk'\]"):
+        LotteryLevel(0.5, "rows")
