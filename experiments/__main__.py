@@ -211,7 +211,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     ``run`` would repair it (rows, or columns the file lost, recovered from
     ``result.json``, a corrupt ``result.json`` without a row counted missing).
     """
-    from experiments.store import SweepLock
+    from experiments.lock import SweepLock
 
     sweep, runs = _prepare(args.config)
     root = Path(args.results) / sweep.name
@@ -251,7 +251,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run every unfinished cell of the sweep; see the module docstring."""
-    from experiments.store import Locked, SweepLock
+    from experiments.lock import Locked, SweepLock
 
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")

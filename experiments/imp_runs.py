@@ -55,17 +55,12 @@ from experiments.store import atomic_write
 from experiments.tables import LEVEL_COLUMNS, TableError, levels_text, read_level
 from experiments.train import Diverged, TrainResult, make_optimizer, measure_keras3, train
 
-__all__ = ["ImpParams", "CONTROLS", "VARIANTS", "LEVEL_COLUMNS", "FileLevelStore", "train_imp", "train_method", "level_seed"]
-
-ImpParams = _imp.ImpParams
-CONTROLS = _imp.CONTROLS
-VARIANTS = _imp.VARIANTS
-level_seed = _imp.level_seed
+__all__ = ["FileLevelStore", "train_imp", "train_method"]
 
 
-def _check(run: RunConfig, params: ImpParams) -> None:
+def _check(run: RunConfig, params: _imp.ImpParams) -> None:
     """What a run must be for IMP, refused before any file is written."""
-    if not isinstance(params, ImpParams):
+    if not isinstance(params, _imp.ImpParams):
         raise TypeError(f"params must be an ImpParams, got {type(params).__name__}")
     runs_on = axes.METHODS.get("imp").runs_on
     if run.implementation.name not in runs_on:
@@ -219,7 +214,7 @@ def _curves(record: dict[str, Any]) -> list[tuple[int, str, float]]:
     return [(int(e), str(m), float(v)) for e, m, v in record["ticket"]["curves"]]
 
 
-def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None], params: ImpParams) -> dict[str, Any]:
+def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], None], params: _imp.ImpParams) -> dict[str, Any]:
     """Run method ``imp`` for ``run`` (:func:`prune.training.imp.train_levels`), resuming at the first unfinished level.
 
     Args:

@@ -61,7 +61,6 @@ from experiments.train import make_optimizer, measure_keras3, train
 __all__ = [
     "train_keras3",
     "library_schedule",
-    "schedule_args",
     "pruning_kwargs",
     "fixed_batch",
     "gradient_batch",

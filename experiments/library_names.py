@@ -18,7 +18,7 @@ from prune.algorithms import algorithms as _algorithms
 from prune.algorithms import get_algorithm as _get_algorithm
 from prune.core.counting import REPORT_COLUMNS as _REPORT_COLUMNS
 from prune.core.distributions import distributions as _distributions
-from prune.core.patterns import _POOLINGS
+from prune.core.patterns import POOLINGS
 from prune.core.patterns import patterns as _patterns
 from prune.core.scoring import criteria as _criteria
 
@@ -44,7 +44,7 @@ DISTRIBUTIONS = tuple(_distributions())
 """``prune.core.distributions``' registry: how the sparsity spreads over layers (``scope=`` of ``prune_low_magnitude``)."""
 DST_DISTRIBUTION = {name: name for name in _distributions(with_zeros=True)}
 """The distributions sparse training can start from (exact random zeros per weight), as ``prune.sparse_init`` takes them."""
-SPARSE_TRAINING = {name: _get_algorithm(name) for name in _algorithms()}
+SPARSE_TRAINING = {name: _get_algorithm(name) for name in _algorithms("sparse_training")}
 """``prune.algorithms``' registry: every sparse-training algorithm class by name (``static``, ``set``, ``rigl``,
 ``mest``, ``granet``, and any registered later). The runner offers each as a method, with its paper's settings
 and its own parameters (:attr:`prune.algorithms.SparseTraining.paper`, ``own_params``)."""
@@ -56,7 +56,5 @@ networks, global for deeper ones). ``prune.training.lottery.magnitude_masks`` ta
 the runner offers these two, the ones its IMP sweeps were checked with (a test keeps them a subset of the library's)."""
 PATTERN_CLASSES = tuple(_patterns())
 """``prune.core.patterns.patterns()``: the pattern classes (``experiments.axes.PATTERNS`` names them in sweep files)."""
-POOLINGS = _POOLINGS
-"""``prune.core.patterns.Block``'s poolings."""
 REPORT_COLUMNS = _REPORT_COLUMNS
 """``prune.core.counting.REPORT_COLUMNS``: every run's weight report has the columns of ``prune.sparsity_report``."""

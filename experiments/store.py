@@ -67,8 +67,6 @@ __all__ = [
     "STORAGE_ERRNOS",
     "CONFIG_COLUMNS",
     "Store",
-    "SweepLock",
-    "Locked",
     "config_columns",
     "atomic_write",
     "named_os_error",

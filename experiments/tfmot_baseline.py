@@ -30,7 +30,7 @@ from experiments.run_one import ensure_legacy_keras
 from experiments.steps import steps_per_epoch
 from experiments.train import make_optimizer, run_outcome, train, weight_report
 
-__all__ = ["ensure_legacy_keras", "train_tfmot", "tfmot_schedule", "main"]
+__all__ = ["train_tfmot", "tfmot_schedule", "main"]
 
 
 def tfmot_schedule(run: RunConfig, spe: int, tfmot: Any) -> Any:

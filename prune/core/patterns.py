@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 __all__ = [
+    "POOLINGS",
     "num_zeros",
     "Pattern",
     "Unstructured",
@@ -175,7 +176,8 @@ class Unstructured(Pattern):
         return unit_keep.reshape(shape)
 
 
-_POOLINGS = ("AVG", "MAX")
+POOLINGS = ("AVG", "MAX")
+"""How :class:`Block` scores a tile: the mean or the largest of its entries' scores (tfmot's ``block_pooling_type``)."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ class Block(Pattern):
         ):
             raise ValueError(f"block_size must be two positive integers (r, c), got {size!r}")
         object.__setattr__(self, "block_size", (int(size[0]), int(size[1])))
-        if self.pooling not in _POOLINGS:
+        if self.pooling not in POOLINGS:
             raise ValueError(f"block_pooling_type must be 'AVG' or 'MAX', got {self.pooling!r}")
 
     def _rows_cols(self, shape: tuple[int, ...], where: str = "weight") -> tuple[int, int]:
@@ -404,7 +406,7 @@ def pattern_from_args(
         ValueError: naming the argument: a bad value, or ``pattern`` together
             with a tfmot argument, or ``block_size`` together with ``sparsity_m_by_n``.
     """
-    if block_pooling_type not in _POOLINGS:
+    if block_pooling_type not in POOLINGS:
         raise ValueError(f"block_pooling_type must be 'AVG' or 'MAX', got {block_pooling_type!r}")
     try:
         size = tuple(block_size)

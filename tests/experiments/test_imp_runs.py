@@ -16,7 +16,9 @@ import pytest
 
 from experiments.config import DatasetConfig, ImplementationConfig, ModelConfig, RunConfig, ScheduleConfig, TrainingConfig
 from experiments.data import load
-from experiments.imp_runs import LEVEL_COLUMNS, ImpParams, level_seed, train_imp
+from experiments.imp_runs import train_imp
+from experiments.tables import LEVEL_COLUMNS
+from prune.training.imp import ImpParams, level_seed
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from experiments.config import DatasetConfig, ImplementationConfig, ModelConfig, RunConfig, ScheduleConfig
-from experiments.store import CURVE_COLUMNS, RUN_COLUMNS, Locked, Store, SweepLock, config_columns, read_result
+from experiments.lock import Locked, SweepLock
+from experiments.store import CURVE_COLUMNS, RUN_COLUMNS, Store, config_columns, read_result
 from experiments.tables import TableError
 from experiments.summary import format_summary, summarize
 

@@ -142,7 +142,8 @@ def test_damaged_levels_nothing_restores_are_named_and_redone_by_run(tmp_path):
 
 def test_half_written_level_json_is_named_and_the_level_redone(tmp_path):
     from experiments.data import load
-    from experiments.imp_runs import ImpParams, train_imp
+    from experiments.imp_runs import train_imp
+    from prune.training.imp import ImpParams
     from tests.experiments.test_imp_runs import _run
 
     run, params = _run(sparsity=0.5, distribution="global"), ImpParams(rate=0.5, controls=())
