@@ -5,8 +5,8 @@ not depend on training) is pruned by magnitude with ``prune.OneShot`` and
 saved as:
 
 * ``keras_masked``, ``keras_sparse``: the ``.keras`` file of the masked model
-  (weights and masks) and of its ``SparseDense`` form (values, int64 indices
-  and the kernels' structure vectors);
+  (weights and masks) and of its ``SparseDense`` form (the compact store:
+  float32 values, int32 CSR row pointers and columns);
 * ``keras``, ``keras_gzip``: the stripped model's ``.keras`` file (dense
   kernels with zeros; what every form strips to) and that file gzipped (-9);
 * ``tflite``: :func:`prune.deploy.export.to_tflite` with ``sparsity=False``;

@@ -102,7 +102,7 @@ from prune.core.patterns import Pattern, num_zeros
 from prune.core.targets import MaskTarget, iter_layers
 from prune.core.schedules import PruningSchedule
 
-__all__ = ["SparseDense", "sparse_layers"]
+__all__ = ["STORE_FORMAT", "SparseDense", "sparse_layers"]
 
 
 def _make_dynamic(var: Any, value: Any) -> bool:
@@ -121,6 +121,10 @@ def _make_dynamic(var: Any, value: Any) -> bool:
         backing.assign(value)
     set_variable_shape(var, tuple(int(d) for d in value.shape))
     return replaced
+
+
+STORE_FORMAT = 2
+"""The version of :meth:`SparseDense.save_own_variables`' compact store (1: Keras's own, every variable)."""
 
 
 def _store_source(store: Any) -> str | None:
@@ -703,11 +707,66 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
 
     # -- serialisation ---------------------------------------------------------------
     def save_own_variables(self, store: Any) -> None:
-        """Write the layer's variables to a Keras weights store (Keras's format, derived arrays included)."""
-        keras.layers.Layer.save_own_variables(self, store)
+        """Write the layer's state to a Keras weights store in the compact format (:data:`STORE_FORMAT`).
+
+        Only what the layer cannot derive is written: ``values`` (float32), the CSR row pointers ``row_ptr``
+        (int32, ``n_in + 1``) and column of each entry ``cols`` (int32), the bias and the step counter, plus
+        ``format``. That is 8 bytes per entry, against 56 in Keras's own format of every variable (int64
+        ``indices``, the transposes and the native structure), which :meth:`load_own_variables` still reads.
+        A layer whose dimensions or entry count int32 cannot hold is written in Keras's format.
+        """
+        n_in, n_out = self.dense_shape
+        idx = np.asarray(self.indices.numpy(), np.int64).reshape(-1, 2)
+        if max(n_in, n_out, len(idx)) >= 2**31:
+            keras.layers.Layer.save_own_variables(self, store)
+            return
+        store["format"] = np.asarray([STORE_FORMAT], np.int32)
+        store["values"] = np.asarray(self.values.numpy())
+        store["row_ptr"] = np.searchsorted(idx[:, 0], np.arange(n_in + 1)).astype(np.int32)
+        store["cols"] = idx[:, 1].astype(np.int32)
+        if self.use_bias:
+            store["bias"] = np.asarray(self.bias.numpy())
+        store["pruning_step"] = np.asarray(self.pruning_step.numpy())
+
+    def _compact_given(self, store: Any, where: str) -> list[tuple[Any, Any, str]]:
+        """``(variable, array, label)`` from a compact store, with ``indices`` rebuilt from ``row_ptr``/``cols``."""
+        keys = set(store.keys())
+        version = np.asarray(store["format"]).reshape(-1)
+        if version.size != 1 or int(version[0]) != STORE_FORMAT:
+            raise ValueError(f"{where}: stored 'format' is {version.tolist()}, this version reads format {STORE_FORMAT} "
+                             "(or Keras's own, keys '0', '1', ...)")
+        expected = {"format", "values", "row_ptr", "cols", "pruning_step"} | ({"bias"} if self.use_bias else set())
+        if keys != expected:
+            raise ValueError(f"{where}: the store has keys {sorted(keys)}, expected {sorted(expected)}")
+        n_in = self.dense_shape[0]
+        row_ptr, cols = np.asarray(store["row_ptr"]), np.asarray(store["cols"])
+        for name, arr in (("row_ptr", row_ptr), ("cols", cols)):
+            if arr.ndim != 1 or arr.dtype.kind not in "iu":
+                raise ValueError(f"{where}: weight {name!r} must be a 1-D integer array, got shape {arr.shape}, dtype {arr.dtype}")
+        if len(row_ptr) != n_in + 1:
+            raise ValueError(f"{where}: weight 'row_ptr' has {len(row_ptr)} entries, expected n_in + 1 = {n_in + 1}")
+        steps = np.diff(row_ptr.astype(np.int64))
+        if row_ptr[0] != 0 or row_ptr[-1] != len(cols) or (steps < 0).any():
+            bad = int(np.flatnonzero(steps < 0)[0]) + 1 if (steps < 0).any() else (0 if row_ptr[0] != 0 else n_in)
+            raise ValueError(
+                f"{where}: weight 'row_ptr' must rise from 0 to len(cols) = {len(cols)}; "
+                f"row_ptr[{bad}] = {int(row_ptr[bad])}" + (f" after row_ptr[{bad - 1}] = {int(row_ptr[bad - 1])}" if bad else "")
+            )
+        rows = np.repeat(np.arange(n_in, dtype=np.int64), steps)
+        indices = np.stack([rows, cols.astype(np.int64)], axis=1) if len(cols) else np.zeros((0, 2), np.int64)
+        given = [(self.values, store["values"], "weight 'values' (stored as 'values')"),
+                 (self.indices, indices, "weight 'indices' (stored as 'row_ptr' and 'cols')"),
+                 (self.pruning_step, store["pruning_step"], "weight 'pruning_step' (stored as 'pruning_step')")]
+        if self.use_bias:
+            given.append((self.bias, store["bias"], "weight 'bias' (stored as 'bias')"))
+        return given
 
     def load_own_variables(self, store: Any) -> None:
         """Load the layer's variables from a Keras weights store (``.keras``/``.weights.h5`` loading), validated.
+
+        Two formats load: the compact one :meth:`save_own_variables` writes (``format``, ``values``, ``row_ptr``,
+        ``cols``, ``bias``, ``pruning_step``), and Keras's own of every variable (keys ``"0"``, ``"1"``, ...),
+        which files saved before the compact format hold.
 
         The stored number of entries may differ from the placeholder built
         from the config (e.g. a checkpoint of another sparsity). As in
@@ -731,6 +790,12 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         all_vars = own_variables(self)
         source = _store_source(store)
         where = f"loading SparseDense layer {self.name!r}" + (f" from {source}" if source else "")
+        if "format" in set(store.keys()):
+            idx, vals, derived, rest = self._checked_state(self._compact_given(store, where), where, same_nnz=False)
+            self._set_structure(idx, vals, derived)
+            for v, arr in rest:
+                v.assign(arr)
+            return
         keys = len(store.keys())
         # Files saved before native_structure existed lack that last variable: it is derived, so rebuilt anyway.
         if keys not in (len(all_vars), len(all_vars) - 1):

@@ -252,6 +252,13 @@ def test_from_sparse_still_sorts_unsorted_input():
 
 
 # -- loading a .keras / .weights.h5 file --------------------------------------------------------------------------------
+# Files in Keras's own format of every variable (keys "0".."6"), as versions before the compact store wrote them:
+# the ``old_format`` fixture saves that way. The compact store's own checks are further below.
+
+
+@pytest.fixture
+def old_format(monkeypatch):
+    monkeypatch.setattr(SparseDense, "save_own_variables", keras.layers.Layer.save_own_variables)
 
 
 def _model(matmul="auto"):
@@ -319,6 +326,7 @@ LOAD_ERRORS = {
 
 
 @pytest.mark.parametrize("case", sorted(LOAD_ERRORS))
+@pytest.mark.usefixtures("old_format")
 def test_loading_a_tampered_keras_file_is_refused(tmp_path, case):
     edit, match = LOAD_ERRORS[case]
     path = _tampered_keras(tmp_path, edit, matmul="csr")
@@ -326,6 +334,7 @@ def test_loading_a_tampered_keras_file_is_refused(tmp_path, case):
         keras.models.load_model(path)
 
 
+@pytest.mark.usefixtures("old_format")
 def test_loading_a_tampered_weights_file_names_it_and_changes_nothing(tmp_path):
     path = tmp_path / "w.weights.h5"
     _model().save_weights(path)
@@ -339,6 +348,7 @@ def test_loading_a_tampered_weights_file_names_it_and_changes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("matmul", MATMULS)
+@pytest.mark.usefixtures("old_format")
 def test_loading_ignores_stored_derived_arrays(tmp_path, matmul):
     rng = np.random.default_rng(5)
 
@@ -357,6 +367,7 @@ def test_loading_ignores_stored_derived_arrays(tmp_path, matmul):
         np.testing.assert_allclose(layer(x).numpy(), x.astype(np.float64) @ _dense(INDICES, VALUES) + BIAS, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("old_format")
 def test_loading_a_file_without_native_structure_still_works(tmp_path):
     path = tmp_path / "old.weights.h5"
     _model().save_weights(path)
@@ -380,3 +391,84 @@ def test_low_precision_weights_pass_the_checks(tmp_path, dtype):
     assert str(loaded.values.dtype) == dtype
     np.testing.assert_array_equal(loaded.indices.numpy(), INDICES)
     np.testing.assert_array_equal(np.asarray(loaded.values.numpy(), np.float32), VALUES)
+
+
+# -- the compact store (values, CSR row pointers, int32 columns) ----------------------------------------------------------
+
+
+def _compact_keras(tmp_path, edit):
+    """A .keras file in the compact format with ``edit`` applied to the layer's stored arrays."""
+    src, dst = tmp_path / "model.keras", tmp_path / "tampered.keras"
+    _model("csr").save(src)
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    buf = io.BytesIO(members["model.weights.h5"])
+    with h5py.File(buf, "r+") as f:
+        group = f["layers/sparse_dense/vars"]
+        stored = {k: group[k][()] for k in group}
+        edit(stored)
+        for k in list(group):
+            del group[k]
+        for k, v in stored.items():
+            group[k] = v
+    members["model.weights.h5"] = buf.getvalue()
+    with zipfile.ZipFile(dst, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return dst
+
+
+def test_the_compact_store_holds_values_row_pointers_and_int32_columns(tmp_path):
+    seen = {}
+    _compact_keras(tmp_path, seen.update)
+    assert sorted(seen) == ["bias", "cols", "format", "pruning_step", "row_ptr", "values"]
+    np.testing.assert_array_equal(seen["row_ptr"], [0, 1, 3, 4, 4, 5])  # rows 0, 1, 1, 2, 4
+    np.testing.assert_array_equal(seen["cols"], INDICES[:, 1])
+    assert seen["row_ptr"].dtype == seen["cols"].dtype == np.int32 and seen["values"].dtype == np.float32
+    np.testing.assert_array_equal(seen["format"], [2])
+    loaded = keras.models.load_model(tmp_path / "model.keras").layers[0]
+    np.testing.assert_array_equal(loaded.indices.numpy(), INDICES)
+    np.testing.assert_array_equal(loaded.values.numpy(), VALUES)
+    np.testing.assert_array_equal(loaded.native_structure.numpy(), native.structure(INDICES, N_IN, N_OUT))
+
+
+def test_a_90_percent_layer_file_is_at_most_9_bytes_per_entry_and_a_quarter_of_dense(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((512, 512)).astype(np.float32)
+    mask = np.zeros(w.size, bool)
+    mask[rng.permutation(w.size)[: w.size // 10]] = True
+    mask = mask.reshape(w.shape)
+    sparse = keras.Sequential([keras.Input((512,)), SparseDense.from_dense(w, mask)])
+    dense = keras.Sequential([keras.Input((512,)), keras.layers.Dense(512)])
+    sparse.save(tmp_path / "s.keras")
+    dense.save(tmp_path / "d.keras")
+    size_s, size_d = (tmp_path / "s.keras").stat().st_size, (tmp_path / "d.keras").stat().st_size
+    assert size_s / int(mask.sum()) <= 9.0
+    assert size_s <= 0.25 * size_d
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    np.testing.assert_array_equal(keras.models.load_model(tmp_path / "s.keras")(x).numpy(), sparse(x).numpy())
+
+
+def _set(key, value):
+    def edit(s):
+        s[key] = np.asarray(value, dtype=s[key].dtype if key in s else None)
+    return edit
+
+
+COMPACT_ERRORS = {
+    "row_ptr_falls": (_set("row_ptr", [0, 3, 1, 4, 4, 5]), r"weight 'row_ptr' must rise from 0 to len\(cols\) = 5; row_ptr\[2\] = 1 after row_ptr\[1\] = 3"),
+    "row_ptr_short": (_set("row_ptr", [0, 1, 3, 5]), r"weight 'row_ptr' has 4 entries, expected n_in \+ 1 = 6"),
+    "row_ptr_end": (_set("row_ptr", [0, 1, 3, 4, 4, 4]), r"weight 'row_ptr' must rise from 0 to len\(cols\) = 5; row_ptr\[5\] = 4"),
+    "cols_unsorted": (_set("cols", [1, 3, 0, 2, 0]), r"weight 'indices' \(stored as 'row_ptr' and 'cols'\) entry \[1, 0\] \(position 2\) follows \[1, 3\] \(position 1\)"),
+    "cols_out_of_range": (_set("cols", [1, 0, 4, 2, 0]), r"weight 'indices' \(stored as 'row_ptr' and 'cols'\) entry \[1, 4\] is out of range for dense_shape \(5, 4\), at position 2"),
+    "values_short": (lambda s: s.update(values=s["values"][:4]), r"weight 'values' \(stored as 'values'\) must have shape \[nnz\] matching weight 'indices'"),
+    "format": (_set("format", [3]), r"stored 'format' is \[3\], this version reads format 2"),
+    "missing_bias": (lambda s: s.pop("bias"), r"the store has keys \['cols', 'format', 'pruning_step', 'row_ptr', 'values'\], expected \['bias', "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPACT_ERRORS))
+def test_a_tampered_compact_file_is_refused_naming_the_stored_array(tmp_path, case):
+    edit, match = COMPACT_ERRORS[case]
+    with pytest.raises(ValueError, match=r"loading SparseDense layer 'sd'[^\n]*: " + match):
+        keras.models.load_model(_compact_keras(tmp_path, edit))
