@@ -371,7 +371,8 @@ def _execute(args: argparse.Namespace, sweep: SweepConfig, runs: list[RunConfig]
     print(format_summary(summary))
     oh = overhead(frame)
     if not oh.empty:
-        print("\nper-run cost by implementation, mean seconds (startup = process spawn + imports, charged to a worker's first run;")
+        print("\nper-run cost by implementation, mean seconds (startup = process spawn + imports, charged to a worker's first run,")
+        print("plus the native kernels' first load or build, charged to the worker's first run that uses them, not to fit;")
         print("overhead = startup + everything outside fit and evaluate):")
         with pd.option_context("display.width", 200, "display.float_format", "{:.2f}".format):
             print(oh.to_string())

@@ -90,8 +90,10 @@ def overhead(runs: pd.DataFrame) -> pd.DataFrame:
     """Mean per-run overhead by implementation: seconds a run costs beyond fit and evaluate.
 
     ``startup_seconds`` (process spawn and imports) is charged to the first run
-    of each worker process; ``overhead_seconds`` adds data loading, model
-    building, latency measurement and writing outputs.
+    of each worker process, and the native kernels' first load (their build, on
+    a machine's first use) to the first run of each worker that uses them, never
+    to ``fit_seconds``; ``overhead_seconds`` adds data loading, model building,
+    latency measurement and writing outputs.
     """
     ok = runs[runs["status"] == "ok"].copy()
     if ok.empty:

@@ -172,3 +172,29 @@ def test_same_config_twice_gives_identical_accuracy(tmp_path):
     # Each row says which kernels ran: TensorFlow's CSR by choice here, nothing for the other implementations.
     kernels = {r["implementation"]: (r["native_kernel"], r["native_flags"]) for r in rows_a.values()}
     assert kernels == {"masked": ("", ""), "tfmot": ("", ""), **({"sparse_tensor": ("tensorflow", "")} if HAS_CONVERT else {})}
+
+
+def test_the_native_kernels_first_load_is_charged_to_startup_not_fit(monkeypatch):
+    """A run that uses SparseDense loads (on a machine's first use, builds) the native library before fit, and the
+    time goes to startup_seconds; a run that does not use it neither loads it nor pays for it."""
+    import time as _time
+
+    from experiments import run_one
+    from experiments.config import DatasetConfig, ImplementationConfig, ModelConfig, RunConfig, ScheduleConfig
+    from prune import native
+
+    calls = []
+
+    def slow_load():
+        calls.append(1)
+        _time.sleep(0.2)
+
+    monkeypatch.setattr(native, "load", slow_load)
+
+    def run(name, matmul="auto"):
+        return RunConfig(ImplementationConfig(name, matmul), DatasetConfig("digits"), ModelConfig("lenet300"), 0,
+                         sparsity=0.5 if name != "dense" else 0.0, schedule=ScheduleConfig() if name != "dense" else None)
+
+    assert run_one._native_startup(run("dense")) == 0.0 and calls == []
+    assert run_one._native_startup(run("sparse_tensor", "csr")) == 0.0 and calls == []  # TensorFlow's kernels by choice
+    assert run_one._native_startup(run("sparse_tensor")) >= 0.2 and calls == [1]
