@@ -1,8 +1,9 @@
 """What structure buys SparseDense's native kernels: block shapes and N:M against unstructured and dense.
 
 For a 1024x1024 layer (``--size``), each batch and sparsity, times per application
-inside a compiled graph (``(T_K - T_1) / (K - 1)``, as ``benchmarks/layer_speed.py``'s
-``*_graph`` measures) of
+inside a compiled graph, net of a floor graph (``benchmarks/protocol.py``'s
+``per_application``: K applications to distinct inputs, K grown until the time stands
+clear of the floor's spread, so none can come out negative), of
 
     dense         keras.layers.Dense with the pruned weight (oneDNN's GEMM)
     unstructured  SparseDense(matmul="native") on a uniformly random structure (the general kernels)
@@ -14,8 +15,10 @@ inside a compiled graph (``(T_K - T_1) / (K - 1)``, as ``benchmarks/layer_speed.
                   unstructured at that density
 
 ``forward`` is ``y = x @ W + b``; ``train`` is one training step (forward, input and
-values gradients, Adam update). Medians of ``--rounds`` interleaved rounds; TF threads
-stated in the output. Writes ``results/benchmarks/block_speed.csv`` and ``.md``.
+values gradients, Adam update). Medians of ``--rounds`` interleaved rounds with min-max;
+the header states the CPU, TF threads, the load (a busy machine is refused unless
+``--allow-loaded``) and TensorFlow's dense GEMM in GFLOPS in the same run. Writes
+``results/benchmarks/block_speed.csv`` and ``.md``.
 
     .venv/bin/python benchmarks/block_speed.py
     .venv/bin/python benchmarks/block_speed.py --batches 256 --sparsities 0.9 --shapes 1x16
@@ -26,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -37,6 +39,8 @@ import pandas as pd  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import protocol  # noqa: E402
 
 SHAPES = ("1x8", "1x16", "1x32", "4x4", "4x8", "2x16")
 
@@ -68,40 +72,45 @@ def layer_for(kind: str, w: np.ndarray, mask: np.ndarray):
     return SparseDense.from_dense(w, mask, matmul="native")
 
 
-def time_point(size, batch, masks, rounds, graph_k, rng):
-    """{name: (forward ms, train ms)} per application in graph for each (name, mask)."""
+def time_point(size, batch, masks, rounds, rng, min_ms, k_max):
+    """{name: (forward, train)} as :class:`protocol.PerApplication`, per application in graph, for each (name, mask)."""
+    import keras
     import tensorflow as tf
-    from layer_speed import make_fns
 
     w = (rng.standard_normal((size, size)) * np.sqrt(2.0 / size)).astype(np.float32)
-    xs = [tf.constant(rng.standard_normal((batch, size)).astype(np.float32)) for _ in range(graph_k)]
-    fns = {}
+    pool = [tf.constant(rng.standard_normal((batch, size)).astype(np.float32)) for _ in range(8)]
+    out = {}
     for name, (kind, mask) in masks.items():
-        made = make_fns(layer_for(kind, w, mask), xs)
-        for key in ("forward", "forward_k", "train_step", "train_step_k"):
-            made[key]().numpy()
-            fns[(name, key)] = made[key]
-    times = {k: [] for k in fns}
-    keys = list(fns)
-    for _ in range(rounds):
-        rng.shuffle(keys)
-        for key in keys:
-            t = time.perf_counter()
-            fns[key]().numpy()
-            times[key].append((time.perf_counter() - t) * 1e3)
-    med = {k: float(np.median(v)) for k, v in times.items()}
-    return {name: tuple((med[(name, f"{m}_k")] - med[(name, m)]) / (graph_k - 1) for m in ("forward", "train_step"))
-            for name in masks}
+        layer = layer_for(kind, w, mask)
+        optimizer = keras.optimizers.Adam(1e-4)
+        optimizer.build(layer.trainable_variables)
+
+        def step(x, layer=layer, optimizer=optimizer):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(layer(x)))
+            grads = tape.gradient(loss, layer.trainable_variables)
+            optimizer.apply(grads, layer.trainable_variables)
+            return loss
+
+        fwd = protocol.per_application(layer, pool, rounds=rounds, min_ms=min_ms, k_max=k_max)
+        train = protocol.per_application(step, pool, rounds=rounds, min_ms=min_ms, k_max=k_max)
+        out[name] = (fwd, train)
+    return out
 
 
-def markdown(df: pd.DataFrame, header: list[str]) -> str:
-    lines = ["# What structure buys SparseDense (native kernels)", "", *header, "",
-             "Milliseconds per application in graph (median) and speed-up over dense (`x`).", ""]
+def markdown(df: pd.DataFrame, header: str) -> str:
+    lines = [header, "",
+             "Milliseconds per application in graph (median, with min-max over the rounds) and speed-up over dense "
+             "(`x`, from medians). `< floor`: not resolved from the graph's own cost at the largest K tried.", ""]
     for mode in ("forward", "train"):
-        lines += [f"## {mode}", "", "| batch | sparsity | pattern | ms | x dense | x unstructured |", "|---|---|---|---|---|---|"]
+        lines += [f"## {mode}", "", "| batch | sparsity | pattern | ms (min-max) | dense ms | x dense | x unstructured |",
+                  "|---|---|---|---|---|---|---|"]
         for _, row in df[df["mode"] == mode].iterrows():
-            lines.append(f"| {row['batch']} | {row['sparsity']:.0%} | {row['pattern']} | {row['ms']:.3f} | "
-                         f"{row['x_dense']:.2f} | {row['x_unstructured']:.2f} |")
+            ms = "< floor" if pd.isna(row["ms"]) else f"{row['ms']:.3f} ({row['ms_min']:.3f}-{row['ms_max']:.3f})"
+            dense = "< floor" if pd.isna(row["dense_ms"]) else f"{row['dense_ms']:.3f}"
+            xd = "-" if pd.isna(row["x_dense"]) else f"{row['x_dense']:.2f}"
+            xu = "-" if pd.isna(row["x_unstructured"]) else f"{row['x_unstructured']:.2f}"
+            lines.append(f"| {row['batch']} | {row['sparsity']:.0%} | {row['pattern']} | {ms} | {dense} | {xd} | {xu} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -113,29 +122,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sparsities", default="0.8,0.9,0.95")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--nm", default="2:4,1:4", help="N:M patterns to measure ('' for none)")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--graph-k", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--min-ms", type=float, default=20.0, help="each measurement repeats calls for this long")
+    parser.add_argument("--k-max", type=int, default=256, help="most applications per graph call")
+    parser.add_argument("--threads", type=int, default=0, help="TensorFlow's intra-op threads (default: the usable cores)")
     parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "block_speed.csv"))
+    protocol.add_arguments(parser)
     args = parser.parse_args(argv)
 
     import tensorflow as tf
 
     import prune  # noqa: F401
-    from peers import machine, write_results
-    from prune import native
+    from peers import write_results
 
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    st = native.status()
-    header = [
-        f"Machine: {machine()}; native kernels: {st.vector or st.reason} (flags `{st.flags}`).",
-        f"TensorFlow {tf.__version__}: intra_op_threads={tf.config.threading.get_intra_op_parallelism_threads()}, "
-        f"inter_op_threads={tf.config.threading.get_inter_op_parallelism_threads()}; {args.size}x{args.size}; "
-        f"per application in graph ((T_{args.graph_k} - T_1) / {args.graph_k - 1}); medians of {args.rounds} "
-        f"interleaved rounds; load average at the start {open('/proc/loadavg').read().split()[0]}.",
-    ]
-    print("\n".join(header), flush=True)
+    intra, inter = protocol.fix_tf_threads(args.threads or None)
+    try:
+        load = protocol.monitor_from(args)
+    except protocol.Busy as e:
+        print(f"refused: {e}", file=sys.stderr)
+        return 3
+    gemm = protocol.dense_gemm_gflops()
+    mach = protocol.machine()
     rng = np.random.default_rng(0)
     n = args.size
     rows = []
@@ -151,18 +158,29 @@ def main(argv: list[str] | None = None) -> int:
                     masks[f"block {shape}"] = ("sparse", block_mask(rng, n, n, r, c, sparsity))
             else:
                 masks[f"nm {nm}"] = ("sparse", nm_mask(rng, n, n, *(int(d) for d in nm.split(":"))))
-            res = time_point(n, batch, masks, args.rounds, args.graph_k, rng)
-            for name, (fwd, train) in res.items():
+            res = time_point(n, batch, masks, args.rounds, rng, args.min_ms, args.k_max)
+            nan = float("nan")
+            for name, pair in res.items():
                 if name == "dense":
                     continue
-                for mode, ms, i in (("forward", fwd, 0), ("train", train, 1)):
+                for mode, i in (("forward", 0), ("train", 1)):
+                    got, dense, unstr = pair[i], res["dense"][i], res["unstructured"][i]
+                    ms = nan if got.ms is None else got.ms
+                    d_ms = nan if dense.ms is None else dense.ms
+                    u_ms = nan if unstr.ms is None else unstr.ms
                     rows.append(dict(size=n, batch=batch, sparsity=sparsity, pattern=name, mode=mode, ms=ms,
-                                     dense_ms=res["dense"][i], x_dense=res["dense"][i] / ms,
-                                     x_unstructured=res["unstructured"][i] / ms))
+                                     ms_min=nan if got.low is None else got.low, ms_max=nan if got.high is None else got.high,
+                                     k=got.k, dense_ms=d_ms, x_dense=d_ms / ms, x_unstructured=u_ms / ms))
             print(f"batch={batch} sparsity={sparsity:.2f} " + " ".join(
-                f"{k}={v[0]:.3f}/{v[1]:.3f}" for k, v in res.items()), flush=True)
+                f"{k}={v[0].text()}/{v[1].text()}" for k, v in res.items()), flush=True)
+    load.stop()
     df = pd.DataFrame(rows)
-    header[-1] += f" Load average at the end {open('/proc/loadavg').read().split()[0]}."
+    header = protocol.header(
+        "What structure buys SparseDense (native kernels)", mach, load, gemm,
+        f"TensorFlow {tf.__version__}: intra_op={intra}, inter_op={inter}",
+        [f"Layer {n}x{n}; per application in a graph, net of the floor (K from 8 up to {args.k_max}); medians of "
+         f"{args.rounds} interleaved rounds, each >= {args.min_ms:g} ms of calls."],
+    )
     write_results(df, Path(args.out), markdown(df, header))
     return 0
 

@@ -10,18 +10,18 @@ forward product ``y = x @ W`` (+ bias for the two Keras layers):
               row-major in, y [batch, n_out] out; the final .T is a view, and scipy copies
               x.T into row order itself, as the native op transposes its tiles)
     torch     torch.sparse_csr_tensor (int32 indices) of W^T times x^T (``wt @ x.t()``),
-              torch.mv at batch 1 (MKL's sparse BLAS in the CPU wheels), torch.set_num_threads(threads);
-              its OpenMP threads spin while waiting unless OMP_WAIT_POLICY=PASSIVE is set (the
-              header records it): on a loaded machine spinning cost torch 10-100x here
+              torch.mv at batch 1 (MKL's sparse BLAS in the CPU wheels), **at torch's defaults**:
+              its own thread count and OpenMP wait policy, as a user runs it. ``--torch-passive``
+              adds a second, labelled column with ``OMP_WAIT_POLICY=PASSIVE``.
 
-The TensorFlow layers are timed per application inside a graph, as in a real
-model: ``(T_K - T_1) / (K - 1)`` for a ``tf.function`` applying the layer to
-``K`` distinct inputs against one applying it once, so the ~0.3 ms fixed cost
-of calling a function is not in it (as ``benchmarks/layer_speed.py``'s
-``forward_graph``). scipy and torch are timed per call in a Python loop (the
-loop adds ~1 us). Each measurement repeats its calls for at least
-``--min-ms``; the median over ``--rounds`` interleaved rounds (shuffled order
-within each round) is kept.
+Under ``benchmarks/protocol.py``: the machine (CPU, flags, cores), TensorFlow's threads, the load before and
+during the run (a busy machine is refused unless ``--allow-loaded``), and TensorFlow's dense GEMM in GFLOPS,
+measured in the same run, head the table. The TensorFlow layers are timed per application inside a graph, as
+in a real model: K applications to distinct inputs, net of a floor graph that reads the same inputs and applies
+nothing (:func:`protocol.per_application`), so the fixed cost of calling a function is not in it and no time
+can come out negative. scipy and torch are timed per call in a Python loop (the loop adds ~1 us). Each
+measurement repeats its calls for at least ``--min-ms``; medians over ``--rounds`` interleaved rounds (shuffled
+order within each round), with their min-max in the CSV.
 
 torch is not a dependency of prune: it runs in a child process of another
 interpreter (``--torch-python``, default ``$PRUNE_TORCH_PYTHON``, else
@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,9 @@ import pandas as pd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import protocol  # noqa: E402
 
 SPARSITIES = (0.5, 0.8, 0.9, 0.95, 0.99)
 BATCHES = (1, 32, 256)
@@ -67,9 +69,12 @@ except Exception as err:  # not importable: say so once and stop
     print(json.dumps({"error": f"{type(err).__name__}: {err}"}), flush=True)
     sys.exit(0)
 threads = int(sys.argv[1])
-torch.set_num_threads(threads)
+if threads > 0:  # 0: torch's own default, as a user runs it
+    torch.set_num_threads(threads)
+import os
 print(json.dumps({"version": torch.__version__, "threads": torch.get_num_threads(),
-                  "mkl": bool(torch.backends.mkl.is_available())}), flush=True)
+                  "mkl": bool(torch.backends.mkl.is_available()),
+                  "wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (default)")}), flush=True)
 for line in sys.stdin:
     cmd = json.loads(line)
     if cmd["op"] == "load":
@@ -104,13 +109,13 @@ for line in sys.stdin:
 class TorchPeer:
     """The torch child process, or the reason it is not there (``self.note``)."""
 
-    def __init__(self, python: str | None, threads: int) -> None:
+    def __init__(self, python: str | None, threads: int = 0, env: dict[str, str] | None = None) -> None:
         self.proc, self.note, self.info = None, "", {}
         if not python or not Path(python).exists():
             self.note = f"torch not measured: no interpreter with torch ({python or 'none given'}; --torch-python)"
             return
         self.proc = subprocess.Popen([python, "-c", TORCH_WORKER, str(threads)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         first = json.loads(self.proc.stdout.readline() or '{"error": "the child exited"}')
         if "error" in first:
             self.note = f"torch not measured: torch is not importable by {python} ({first['error']})"
@@ -136,73 +141,52 @@ def random_mask(rng: np.random.Generator, n_in: int, n_out: int, sparsity: float
     return mask.reshape(n_in, n_out)
 
 
-def graph_fns(layer, xs):
-    """A one-application and a ``len(xs)``-application forward function of ``layer``."""
-    import tensorflow as tf
-
-    one = tf.function(lambda: tf.reduce_sum(layer(xs[0])))
-    k = tf.function(lambda: tf.add_n([tf.reduce_sum(layer(x)) for x in xs]))
-    return one, k
-
-
-def time_calls(fn, min_ms: float) -> float:
-    """Mean time of one call of ``fn`` (ms), calling it repeatedly for at least ``min_ms``."""
-    n, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        t = time.perf_counter() - t0
-        if t * 1e3 >= min_ms:
-            return t * 1e3 / n
-
-
-def measure_point(size, batch, sparsity, rounds, graph_k, min_ms, torch_peer, rng, workdir, layers):
-    """Median ms per application of each implementation at one point; ``layers`` maps name -> layer factory."""
+def measure_point(size, batch, sparsity, rounds, min_ms, torch_peers, rng, workdir, layers, k_max=256):
+    """Times at one point, as :class:`protocol.Samples` (scipy, torch) or :class:`protocol.PerApplication`
+    (the TensorFlow layers), by column name; and the number of entries kept."""
     import scipy.sparse as sp
     import tensorflow as tf
 
     n_in = n_out = size
     w = (rng.standard_normal((n_in, n_out)) * np.sqrt(2.0 / n_in)).astype(np.float32)
-    xs_np = [rng.standard_normal((batch, n_in)).astype(np.float32) for _ in range(graph_k)]
-    xs = [tf.constant(x) for x in xs_np]
-    fns: dict[str, object] = {}
-    checks = {}
+    pool_np = [rng.standard_normal((batch, n_in)).astype(np.float32) for _ in range(8)]
+    pool = [tf.constant(x) for x in pool_np]
+    built, mask = {}, None
     for name, factory in layers.items():
-        layer, mask = factory(w, rng, sparsity)
-        one, k = graph_fns(layer, xs)
-        checks[name] = (float(one().numpy()), mask)
-        k().numpy()
-        fns[name + "/1"] = lambda one=one: one().numpy()
-        fns[name + "/k"] = lambda k=k: k().numpy()
-    mask = checks["native"][1] if "native" in checks else random_mask(rng, n_in, n_out, sparsity)
+        layer, m = factory(w, rng, sparsity)
+        built[name] = layer
+        mask = m if name == "native" or mask is None else mask
+    if "native" not in built:
+        mask = random_mask(rng, n_in, n_out, sparsity)
     wt = sp.csr_matrix((w * mask).T)  # rows = outputs
-    x0 = xs_np[0]
-    fns["scipy"] = (lambda: wt @ x0[0]) if batch == 1 else (lambda: (wt @ x0.T).T)
+    x0 = pool_np[0]
     ref = (x0 @ (w * mask)).T
     np.testing.assert_allclose((wt @ x0.T), ref, rtol=1e-3, atol=1e-3)
-    if torch_peer.proc is not None:
+    fns = {"scipy": (lambda: wt @ x0[0]) if batch == 1 else (lambda: (wt @ x0.T).T)}
+    for col, peer in torch_peers.items():
+        if peer.proc is None:
+            continue
         path, check = workdir / "w.npz", workdir / "y.npy"
         np.savez(path, indptr=wt.indptr, indices=wt.indices, data=wt.data.astype(np.float32),
                  shape=np.array(wt.shape), x=x0)
-        torch_peer.ask(op="load", path=str(path), check=str(check))
+        peer.ask(op="load", path=str(path), check=str(check))
         np.testing.assert_allclose(np.load(check), ref, rtol=1e-3, atol=1e-3)
-        fns["torch"] = None  # timed in the child
+        fns[col] = (lambda peer=peer: peer.ask(op="time", min_ms=min_ms)["ms"])
+    out: dict = {}
+    for name, layer in built.items():
+        out[name] = protocol.per_application(layer, pool, rounds=rounds, min_ms=min_ms, k_max=k_max)
+    # the peers: interleaved rounds; the torch children time themselves (min_ms of calls) and answer in ms
     times = {k: [] for k in fns}
     keys = list(fns)
+    order_rng = np.random.default_rng(int(rng.integers(2**31)))
     for _ in range(rounds):
-        rng.shuffle(keys)
+        order_rng.shuffle(keys)
         for key in keys:
-            if key == "torch":
-                times[key].append(torch_peer.ask(op="time", min_ms=min_ms)["ms"])
+            if key.startswith("torch"):
+                times[key].append(fns[key]())
             else:
-                times[key].append(time_calls(fns[key], min_ms))
-    med = {k: float(np.median(v)) for k, v in times.items()}
-    out = {}
-    for name in layers:
-        out[name] = (med[name + "/k"] - med[name + "/1"]) / (graph_k - 1)
-    out["scipy"] = med["scipy"]
-    if "torch" in med:
-        out["torch"] = med["torch"]
+                times[key].append(protocol.time_calls(fns[key], min_ms))
+    out.update({k: protocol.Samples(tuple(v)) for k, v in times.items()})
     return out, int(mask.sum())
 
 
@@ -227,35 +211,35 @@ def tf_layers(names: tuple[str, ...]) -> dict:
     return {n: table[n] for n in names}
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cpus"
+def _ms(v) -> float:
+    """The median of a Samples, the net time of a resolved PerApplication, else NaN."""
+    if isinstance(v, protocol.Samples):
+        return v.median
+    return float("nan") if v.ms is None else v.ms
 
 
-def markdown(df: pd.DataFrame, header: list[str]) -> str:
-    impls = [c for c in ("dense", "native", "scipy", "torch") if c in df.columns]
-    lines = ["# SparseDense against its peers", "", *header, "",
-             "Milliseconds per application (median); **bold** = fastest; `x_peer` = time of the faster of scipy "
-             "and torch over `native`'s (>= 1: native at least as fast).", ""]
+def markdown(df: pd.DataFrame, header: str, impls: list[str]) -> str:
+    lines = [header, "",
+             "Milliseconds per application (median of the rounds; the CSV has each one's min and max); **bold** = "
+             "fastest; `x_dense` = dense's time over native's; `x_peer` = the faster of scipy and torch (at its "
+             "defaults) over native's (>= 1: native at least as fast). `< floor`: not resolved from the graph's "
+             "own cost at the largest K tried.", ""]
     lines.append("| size | batch | sparsity | " + " | ".join(impls) + " | x_dense | x_peer |")
     lines.append("|---|---|---|" + "---|" * (len(impls) + 2))
     for _, row in df.iterrows():
-        best = min(row[c] for c in impls if pd.notna(row[c]))
-        cells = [f"**{row[c]:.3f}**" if row[c] == best else f"{row[c]:.3f}" if pd.notna(row[c]) else "-"
-                 for c in impls]
+        vals = {c: row[c] for c in impls}
+        known = [v for v in vals.values() if pd.notna(v)]
+        best = min(known) if known else None
+        cells = [("-" if c.startswith("torch") else "< floor") if pd.isna(v) else (f"**{v:.3f}**" if v == best else f"{v:.3f}")
+                 for c, v in vals.items()]
         peers = [row[c] for c in ("scipy", "torch") if c in df.columns and pd.notna(row[c])]
-        ratios = (f"{row['dense'] / row['native']:.2f} | {min(peers) / row['native']:.2f}" if "native" in df.columns
-                  else "- | -")  # without the native library (PRUNE_NATIVE=0) only the peers are timed
+        if "native" in df.columns and pd.notna(row["native"]):
+            x_dense = f"{row['dense'] / row['native']:.2f}" if pd.notna(row["dense"]) else "-"
+            x_peer = f"{min(peers) / row['native']:.2f}" if peers else "-"
+        else:
+            x_dense = x_peer = "-"
         lines.append(f"| {int(row['size'])}² | {int(row['batch'])} | {row['sparsity']:.0%} | " + " | ".join(cells)
-                     + f" | {ratios} |")
+                     + f" | {x_dense} | {x_peer} |")
     return "\n".join(lines) + "\n"
 
 
@@ -265,12 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--sparsities", default=",".join(map(str, SPARSITIES)))
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--graph-k", type=int, default=16)
+    parser.add_argument("--k-max", type=int, default=256, help="most applications per graph call (protocol.per_application)")
     parser.add_argument("--min-ms", type=float, default=20.0, help="each measurement repeats calls for this long")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="TensorFlow's intra-op threads (default: the usable cores)")
     parser.add_argument("--torch-python", default=os.environ.get("PRUNE_TORCH_PYTHON") or str(DEFAULT_TORCH))
+    parser.add_argument("--torch-passive", action="store_true",
+                        help="also time torch with OMP_WAIT_POLICY=PASSIVE, in a second labelled column")
     parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "peers.csv"))
     parser.add_argument("--seed", type=int, default=0)
+    protocol.add_arguments(parser)
     args = parser.parse_args(argv)
 
     import scipy
@@ -279,22 +266,26 @@ def main(argv: list[str] | None = None) -> int:
     import prune  # noqa: F401  (sets the oneDNN switches before any graph is built)
     from prune import native
 
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    intra, inter = protocol.fix_tf_threads(args.threads or None)
     st = native.status()
-    torch_peer = TorchPeer(args.torch_python, args.threads)
-    torch_line = (f"torch {torch_peer.info['version']} (MKL {torch_peer.info['mkl']}), "
-                  f"torch.set_num_threads({torch_peer.info['threads']}), "
-                  f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}" if torch_peer.proc else torch_peer.note)
-    header = [
-        f"Machine: {machine()}; native kernels: {st.vector or st.reason} (flags `{st.flags}`).",
-        f"TensorFlow {tf.__version__}: intra_op_threads={tf.config.threading.get_intra_op_parallelism_threads()}, "
-        f"inter_op_threads={tf.config.threading.get_inter_op_parallelism_threads()}, in-graph time per application "
-        f"((T_{args.graph_k} - T_1) / {args.graph_k - 1}); scipy {scipy.__version__} (single-threaded); {torch_line}.",
-        f"Medians of {args.rounds} interleaved rounds, each measurement >= {args.min_ms:g} ms of calls; load average "
-        f"at the start {open('/proc/loadavg').read().split()[0]}, at the end: see below.",
-    ]
-    print("\n".join(header), flush=True)
+    torch_peers = {"torch": protocol_torch(args.torch_python, {})}
+    if args.torch_passive:
+        torch_peers["torch_passive"] = protocol_torch(args.torch_python, {"OMP_WAIT_POLICY": "PASSIVE"})
+    pids = [p.proc.pid for p in torch_peers.values() if p.proc is not None]
+    try:
+        load = protocol.monitor_from(args, pids=pids)
+    except protocol.Busy as e:
+        for p in torch_peers.values():
+            p.close()
+        print(f"refused: {e}", file=sys.stderr)
+        return 3
+    gemm = protocol.dense_gemm_gflops()
+    mach = protocol.machine()
+    t = torch_peers["torch"]
+    torch_line = (f"torch {t.info['version']} (MKL {t.info['mkl']}) at its defaults: {t.info['threads']} threads, "
+                  f"OMP_WAIT_POLICY {t.info['wait_policy']}" if t.proc else t.note)
+    if "torch_passive" in torch_peers and torch_peers["torch_passive"].proc:
+        torch_line += "; column torch_passive: the same with OMP_WAIT_POLICY=PASSIVE (not a default)"
     rng = np.random.default_rng(args.seed)
     layers = tf_layers(("dense", "native") if st.available else ("dense",))
     rows = []
@@ -303,18 +294,38 @@ def main(argv: list[str] | None = None) -> int:
             for size in (int(s) for s in args.sizes.split(",")):
                 for batch in (int(b) for b in args.batches.split(",")):
                     for sparsity in (float(s) for s in args.sparsities.split(",")):
-                        med, nnz = measure_point(size, batch, sparsity, args.rounds, args.graph_k, args.min_ms,
-                                                 torch_peer, rng, Path(tmp), layers)
-                        row = dict(size=size, batch=batch, sparsity=sparsity, nnz=nnz, **med)
+                        got, nnz = measure_point(size, batch, sparsity, args.rounds, args.min_ms, torch_peers, rng,
+                                                 Path(tmp), layers, k_max=args.k_max)
+                        row = dict(size=size, batch=batch, sparsity=sparsity, nnz=nnz)
+                        for k, v in got.items():
+                            row[k] = _ms(v)
+                            row[f"{k}_min"] = v.low
+                            row[f"{k}_max"] = v.high
+                            if isinstance(v, protocol.PerApplication):
+                                row[f"{k}_k"] = v.k
                         rows.append(row)
                         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                               flush=True)
         finally:
-            torch_peer.close()
+            for p in torch_peers.values():
+                p.close()
+    load.stop()
     df = pd.DataFrame(rows)
-    header[-1] = header[-1].replace("at the end: see below", f"at the end {open('/proc/loadavg').read().split()[0]}")
-    write_results(df, Path(args.out), markdown(df, header))
+    impls = [c for c in ("dense", "native", "scipy", "torch", "torch_passive") if c in df.columns]
+    header = protocol.header(
+        "SparseDense against its peers", mach, load, gemm,
+        f"TensorFlow {tf.__version__}: intra_op={intra}, inter_op={inter}; scipy {scipy.__version__} (single-threaded); "
+        f"{torch_line}",
+        [f"TensorFlow layers: per application in a graph, net of the floor (K from 8 up to {args.k_max}); "
+         f"medians of {args.rounds} interleaved rounds, each >= {args.min_ms:g} ms of calls."],
+    )
+    write_results(df, Path(args.out), markdown(df, header, impls))
     return 0
+
+
+def protocol_torch(python: str | None, env: dict[str, str]) -> "TorchPeer":
+    """A torch child at torch's own thread default (``threads=0``), with ``env`` added."""
+    return TorchPeer(python, 0, env)
 
 
 def write_results(df: pd.DataFrame, out: Path, report: str) -> None:

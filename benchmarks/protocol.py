@@ -394,7 +394,7 @@ def resolve(layer_ms: Sequence[float], floor_ms: Sequence[float], k: int, margin
 
 def per_application(
     apply: Callable[[Any], Any],
-    inputs: Callable[[int], Sequence[Any]],
+    pool: Sequence[Any],
     rounds: int = 7,
     min_ms: float = 20.0,
     k_start: int = 8,
@@ -402,17 +402,24 @@ def per_application(
 ) -> PerApplication:
     """Time per application of ``apply`` in one ``tf.function`` over K distinct inputs, net of the floor.
 
-    The layer graph is ``sum(reduce_sum(apply(x)) for x in inputs(K))``; the floor graph is
-    ``sum(reduce_sum(x) for x in inputs(K))``: the same dispatch, reads and sums without the layer. K starts at
-    ``k_start`` and quadruples until :func:`resolve` resolves the point or K passes ``k_max``.
+    Input ``i`` is ``pool[i % len(pool)] + i`` (a fresh value each time, so no application can be merged with
+    another as a common subexpression). The layer graph sums ``reduce_sum(apply(x_i))``; the floor graph sums
+    ``reduce_sum(x_i)``: the same dispatch, input arithmetic and sums, without the layer. K starts at
+    ``k_start`` and quadruples until :func:`resolve` resolves the point or K would pass ``k_max``.
     """
     import tensorflow as tf
 
+    pool = list(pool)
+    if not pool:
+        raise ValueError("pool must hold at least one input tensor")
+
+    def inputs(k: int) -> list[Any]:
+        return [pool[i % len(pool)] + tf.constant(float(i), pool[0].dtype) for i in range(k)]
+
     k = k_start
     while True:
-        xs = list(inputs(k))
-        layer_fn = tf.function(lambda: tf.add_n([tf.reduce_sum(apply(x)) for x in xs]))
-        floor_fn = tf.function(lambda: tf.add_n([tf.reduce_sum(x) for x in xs]))
+        layer_fn = tf.function(lambda k=k: tf.add_n([tf.reduce_sum(tf.cast(apply(x), tf.float32)) for x in inputs(k)]))
+        floor_fn = tf.function(lambda k=k: tf.add_n([tf.reduce_sum(tf.cast(x, tf.float32)) for x in inputs(k)]))
         layer_fn().numpy(), floor_fn().numpy()  # trace
         fns = {"layer": lambda: layer_fn().numpy(), "floor": lambda: floor_fn().numpy()}
         got = interleaved(fns, rounds, min_ms, seed=k)

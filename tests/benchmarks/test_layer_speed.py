@@ -40,16 +40,18 @@ def test_peer_and_block_benchmarks_run_on_a_tiny_layer(tmp_path):
     writes every pattern in both modes (no timing asserted)."""
     out = tmp_path / "peers.csv"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--sizes", "24", "--batches", "2",
-           "--sparsities", "0.5", "--rounds", "1", "--graph-k", "2", "--min-ms", "0.1", "--torch-python",
-           str(tmp_path / "no-python"), "--out", str(out)]
+           "--sparsities", "0.5", "--rounds", "1", "--k-max", "8", "--min-ms", "0.1", "--torch-python",
+           str(tmp_path / "no-python"), "--out", str(out), "--allow-loaded"]  # tests run beside tests: loaded
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = out.with_suffix(".md").read_text()
-    assert "intra_op_threads=2" in report and "single-threaded" in report and "torch not measured" in report
+    assert "intra_op=" in report and "single-threaded" in report and "torch not measured" in report
+    assert "Dense calibration: TensorFlow's [256, 1024] x [1024, 1024] GEMM at" in report and "- Load: " in report
     assert {"dense", "scipy"} <= set(pd.read_csv(out).columns)
     out = tmp_path / "block_speed.csv"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "block_speed.py"), "--size", "32", "--batches", "2",
-           "--sparsities", "0.5", "--shapes", "1x16", "--nm", "2:4", "--rounds", "1", "--graph-k", "2", "--out", str(out)]
+           "--sparsities", "0.5", "--shapes", "1x16", "--nm", "2:4", "--rounds", "1", "--k-max", "8", "--min-ms", "0.1",
+           "--out", str(out), "--allow-loaded"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out)
