@@ -1,0 +1,117 @@
+"""fit_step.py, dst_update.py and runner_workers.py under benchmarks/protocol.py: each runs end to end on the
+tiniest work it takes and heads its Markdown table with the protocol's lines (no timing asserted), keeps the
+columns other code reads, and refuses a machine kept busy by spinning processes (exit 3) before any work."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import protocol  # noqa: E402
+
+HEADER_LINES = ("- CPU: ", "- Load: ", "- Threads: ", "- Dense calibration: ")
+
+TINY_SWEEP = """name = "tiny"
+implementations = ["dense"]
+sparsities = [0.5]
+models = [{name = "mlp", widths = [16]}]
+datasets = ["digits"]
+[[schedules]]
+kind = "polynomial"
+begin = 0
+end = 1
+frequency = 5
+[training]
+epochs = 1
+batch_size = 64
+learning_rate = 0.01
+"""
+
+
+def run(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / script), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_header(md: Path) -> str:
+    text = md.read_text()
+    lines = text.splitlines()
+    for start in HEADER_LINES:
+        assert any(line.startswith(start) for line in lines), f"{md.name} has no line starting {start!r}:\n{text[:2000]}"
+    assert "under `benchmarks/protocol.py`" in text
+    return text
+
+
+@pytest.mark.slow
+def test_fit_step_runs_tiny_and_keeps_its_columns(tmp_path):
+    out = tmp_path / "fit_step.csv"
+    proc = run("fit_step.py", "--rounds", "1", "--batch", "32", "--limit", "128", "--out", str(out), "--allow-loaded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = assert_header(out.with_suffix(".md"))
+    assert "the tfmot child (tf-keras" in text  # the child's threads, as it reports them
+    df = pd.read_csv(out)
+    assert list(df.columns[:8]) == ["implementation", "median_step_ms", "ratio", "ratio_basis", "intra_threads",
+                                    "inter_threads", "batch", "rounds"]  # the columns docs/kernels.md quotes
+    assert {"median_step_ms_min", "median_step_ms_max", "ratio_min", "ratio_max"} <= set(df.columns)
+    assert len(df) == 5 and (df["median_step_ms_min"] <= df["median_step_ms"]).all()
+    assert (df["median_step_ms"] <= df["median_step_ms_max"]).all()
+
+
+@pytest.mark.slow
+def test_dst_update_runs_tiny(tmp_path):
+    out = tmp_path / "dst_update.csv"
+    proc = run("dst_update.py", "--rounds", "1", "--batch", "8", "--methods", "set", "--out", str(out), "--allow-loaded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_header(out.with_suffix(".md"))
+    df = pd.read_csv(out)
+    assert set(df["implementation"]) == {"masked", "SparseDense"} and set(df["method"]) == {"set"}
+    for col in ("step_ms", "update_ms", "next_step_ms"):
+        assert {col, f"{col}_min", f"{col}_max"} <= set(df.columns) and (df[col] > 0).all()
+
+
+@pytest.mark.slow
+def test_runner_workers_runs_a_tiny_sweep_and_keeps_its_keys(tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY_SWEEP)
+    out = tmp_path / "runner_workers.json"
+    proc = run("runner_workers.py", "--config", str(config), "--repeats", "1", "--out", str(out), "--allow-loaded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = assert_header(out.with_suffix(".md"))
+    assert "this process runs no TensorFlow" in text
+    got = json.loads(out.read_text())
+    assert [s["workers"] for s in got["settings"]] == [1, 2] and "ratio" in got  # what docs/runner.md quotes
+    for s in got["settings"]:
+        assert {"wall_seconds", "exit_status", "runs", "failed", "mean_overhead_seconds_per_run",
+                "wall_seconds_min", "wall_seconds_max", "intra_op_threads"} <= set(s)
+        assert s["exit_status"] == 0 and s["runs"] == 1 and s["failed"] == 0
+    assert got["protocol"]["dense_gemm_gflops"]["median"] > 0
+
+
+def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path):
+    """A spinning process on every core and a tiny threshold: exit 3, 'refused:' on stderr, nothing written."""
+    cores = protocol.machine(native=False).cores
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY_SWEEP)
+    calls = {
+        "fit_step.py": ["--rounds", "1", "--out", str(tmp_path / "fit_step.csv")],
+        "dst_update.py": ["--rounds", "1", "--out", str(tmp_path / "dst_update.csv")],
+        "runner_workers.py": ["--config", str(config), "--repeats", "1", "--out", str(tmp_path / "runner_workers.json")],
+    }
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        for script, args in calls.items():
+            proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)
+            assert proc.returncode == 3, f"{script}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+            assert "refused: the machine is busy" in proc.stderr, proc.stderr[-3000:]
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]  # no table written
