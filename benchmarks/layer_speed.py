@@ -17,20 +17,24 @@ Two measures of each, both medians:
   It includes the fixed cost of calling a compiled function and reading the
   result back (about 0.4 ms here, the same for every implementation), which
   caps every speed-up at small sizes.
-* ``forward_graph`` / ``train_step_graph``: the cost of one more application
-  of the layer inside a compiled graph, as in a real model, where that fixed
-  cost is paid once per model call and not per layer: ``(T_K - T_1) / (K - 1)``
-  for a function applying the layer to ``K`` distinct inputs (or taking ``K``
-  training steps) against the one-call function. Implementations whose single
-  call takes more than ``--graph-limit-ms`` are not measured this way (they
-  cannot be the fastest anyway); their rows are absent, as are differences
-  that come out zero or negative (below the noise of a loaded machine).
+* ``forward_graph`` / ``train_step_graph``: the cost of one application of the
+  layer inside a compiled graph, as in a real model, where that fixed cost is
+  paid once per model call and not per layer: ``benchmarks/protocol.py``'s
+  ``per_application`` (K applications to distinct inputs, or K training steps,
+  net of a floor graph that reads the same inputs and applies nothing; K grows
+  until the time stands clear of the floor's spread). Implementations whose
+  single call takes more than ``--graph-limit-ms`` are not measured this way
+  (they cannot be the fastest anyway), and points that never stand clear of
+  the floor are not reported: their rows are absent (the report counts them).
 
-Implementations are interleaved in a shuffled order within each round and the
-median over rounds is kept, because the machine is shared and noisy. TF thread
-counts and the oneDNN switches are fixed and printed. Writes ``results/benchmarks/layer_speed.csv``
-(one row per size, batch, sparsity, implementation and mode) and prints
-speed-ups vs dense and vs the ideal ``1 / density``.
+Under the benchmark protocol: a busy machine is refused unless
+``--allow-loaded``; the CPU, TF threads, load and TensorFlow's dense GEMM in
+GFLOPS (measured in the same run) head the report. One-call measures are
+interleaved in a shuffled order within each round, each repeating calls for
+``--min-ms``; medians over rounds with min and max. Writes
+``results/benchmarks/layer_speed.csv`` (one row per size, batch, sparsity,
+implementation and mode) and prints speed-ups vs dense and vs the ideal
+``1 / density``.
 
     .venv/bin/python benchmarks/layer_speed.py                 # 1024x1024, 784x300, 4096x4096 (~10 min)
     .venv/bin/python benchmarks/layer_speed.py --sizes 784x300 --batches 32
@@ -41,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -53,7 +56,10 @@ import pandas as pd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import keras  # noqa: E402
+
+import protocol  # noqa: E402
 
 from prune import native  # noqa: E402
 from prune.layers import kernels
@@ -108,59 +114,54 @@ def make_fns(layer: keras.layers.Layer, xs: list[tf.Tensor]):
             total += step(x)
         return total
 
-    return {"forward": forward, "train_step": train_step, "forward_k": forward_k, "train_step_k": train_step_k}
+    return {"forward": forward, "train_step": train_step, "forward_k": forward_k, "train_step_k": train_step_k,
+            "apply": layer, "step": step}
 
 
-def _time(fn) -> float:
-    t = time.perf_counter()
-    fn().numpy()
-    return (time.perf_counter() - t) * 1e3
-
-
-def measure_point(n_in, n_out, batch, sparsity, impls, rounds, budget_s, rng, graph_limit_ms=50.0):
+def measure_point(n_in, n_out, batch, sparsity, impls, rounds, min_ms, rng, graph_limit_ms=50.0, k_max=256):
     w = (rng.standard_normal((n_in, n_out)) * np.sqrt(2.0 / n_in)).astype(np.float32)
     n = n_in * n_out
     mask = np.zeros(n, bool)
     mask[rng.permutation(n)[: n - int(round(sparsity * n))]] = True
     mask = mask.reshape(n_in, n_out)
     xs = [tf.constant(rng.standard_normal((batch, n_in)).astype(np.float32)) for _ in range(GRAPH_K)]
-    fns = {}
+    one_call, graph = {}, {}
     for impl in impls:
-        made = make_fns(make_layer(impl, w, mask), xs)
+        layer = make_layer(impl, w, mask)
+        made = make_fns(layer, xs[:1])
         for mode in ("forward", "train_step"):
-            made[mode]().numpy()  # trace and warm up
-            fns[(impl, mode)] = made[mode]
-            if _time(made[mode]) <= graph_limit_ms:
-                made[mode + "_k"]().numpy()
-                fns[(impl, mode + "_k")] = made[mode + "_k"]
-    times = {k: [] for k in fns}
-    keys = list(fns)
-    start = time.perf_counter()
-    for r in range(rounds):
-        rng.shuffle(keys)
-        for k in keys:
-            times[k].append(_time(fns[k]))
-        if r >= 2 and time.perf_counter() - start > budget_s:
-            break
+            fn = made[mode]
+            fn().numpy()  # trace and warm up
+            one_call[(impl, mode)] = lambda fn=fn: fn().numpy()
+            t = time.perf_counter()
+            fn().numpy()
+            if (time.perf_counter() - t) * 1e3 <= graph_limit_ms:
+                graph[(impl, mode)] = made["apply" if mode == "forward" else "step"]
     nnz = int(mask.sum())
-    med = {k: float(np.median(ts)) for k, ts in times.items()}
     rows = []
-    for (impl, mode), ts in times.items():
-        if mode.endswith("_k"):
-            one = med[(impl, mode[:-2])]
-            median, low = (med[(impl, mode)] - one) / (GRAPH_K - 1), float("nan")
-            mode = mode[:-2] + "_graph"
-            if median <= 0:  # the difference of two medians fell below the noise: no measure, row absent
-                continue
+
+    def row(impl, mode, median, low, high, reps, k=1):
+        return dict(n_in=n_in, n_out=n_out, batch=batch, sparsity=sparsity, nnz=nnz, impl=impl, mode=mode,
+                    median_ms=median, min_ms=low, max_ms=high, reps=reps, k=k,
+                    auto_choice=kernels.choose_matmul(batch, n_in, n_out, nnz, native=NATIVE),
+                    grad_rule=kernels.values_grad_rule(batch, n_in, n_out, nnz, native=NATIVE))
+
+    got = protocol.interleaved({f"{i}/{m}": f for (i, m), f in one_call.items()}, rounds, min_ms,
+                               seed=int(rng.integers(2**31)))
+    for (impl, mode) in one_call:
+        smp = got[f"{impl}/{mode}"]
+        rows.append(row(impl, mode, smp.median, smp.low, smp.high, len(smp.values)))
+    for (impl, mode), apply in graph.items():
+        per = protocol.per_application(apply, xs, rounds=rounds, min_ms=min_ms, k_max=k_max)
+        if per.resolved:
+            rows.append(row(impl, mode + "_graph", per.ms, per.low, per.high, rounds, per.k))
         else:
-            median, low = med[(impl, mode)], float(np.min(ts))
-        rows.append(
-            dict(n_in=n_in, n_out=n_out, batch=batch, sparsity=sparsity, nnz=nnz, impl=impl, mode=mode,
-                 median_ms=median, min_ms=low, reps=len(ts),
-                 auto_choice=kernels.choose_matmul(batch, n_in, n_out, nnz, native=NATIVE),
-                 grad_rule=kernels.values_grad_rule(batch, n_in, n_out, nnz, native=NATIVE))
-        )
+            UNRESOLVED.append((n_in, n_out, batch, sparsity, impl, mode + "_graph"))
     return rows
+
+
+UNRESOLVED: list[tuple] = []
+"""In-graph points that never stood clear of the floor (rows absent; the report counts them)."""
 
 
 def summarise(df: pd.DataFrame) -> pd.DataFrame:
@@ -197,15 +198,15 @@ def _crossover(sub: pd.DataFrame, impls: tuple[str, ...]) -> str:
     return "none"
 
 
-def write_report(df: pd.DataFrame, path: Path) -> str:
-    """Markdown summary: crossovers per size and batch, and the issue's targets."""
-    lines = ["# Layer speed: dense vs masked vs sparse", ""]
+def write_report(df: pd.DataFrame, path: Path, header: str = "") -> str:
+    """Markdown summary: crossovers per size and batch, and the issue's targets (``header``: the protocol's lines)."""
+    lines = [header or "# Layer speed: dense vs masked vs sparse", ""]
     lines.append(
-        "Medians of interleaved runs (`benchmarks/layer_speed.py`), TF intra-op threads 2, inter-op 1, on the shared "
-        f"2-core machine; {_onednn_switches()}. `train_step` = forward + backward + Adam update. `forward` and "
-        "`train_step` time one call of a compiled function (including the fixed ~0.4 ms of calling it); "
-        f"`*_graph` is the cost of one more application inside a compiled graph ((T_{GRAPH_K} - T_1) / {GRAPH_K - 1}). "
-        "Full data: `layer_speed.csv`; ratios per point: `layer_speed_summary.csv`."
+        f"Medians of interleaved rounds (`benchmarks/layer_speed.py`); {_onednn_switches()}. `train_step` = forward + "
+        "backward + Adam update. `forward` and `train_step` time one call of a compiled function (including the fixed "
+        "cost of calling it); `*_graph` is one application inside a compiled graph, net of the graph's floor "
+        f"(`protocol.per_application`; {len(UNRESOLVED)} in-graph points did not stand clear of the floor and are "
+        "absent). Full data: `layer_speed.csv`; ratios per point: `layer_speed_summary.csv`."
     )
     lines += ["", "## Crossover sparsity (sparse faster than dense from here up)", ""]
     lines.append(
@@ -281,8 +282,7 @@ def write_report(df: pd.DataFrame, path: Path) -> str:
         f"Where the kernels auto chooses from differ by more than that 90th percentile, auto is within "
         f"{above.max():.2f}x of the fastest ({int((above > 1.1).sum())} of {len(above)} such points over 1.1x). "
         f"The cost model picked the measured-fastest of {'/'.join(options)} at {int(hit.sum())} of {len(hit)} points. "
-        f"Native library: {'loaded' if NATIVE else 'not loaded (fallback)'}. "
-        f"Load average when the report was written: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.",
+        f"Native library: {'loaded' if NATIVE else 'not loaded (fallback)'}.",
     ]
     lines += ["", "## Forward and train step at batch 256 (ms, speed-up vs dense)", ""]
     cols = [c for c in IMPLS if c in piv.columns]
@@ -335,16 +335,18 @@ def main() -> None:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--sparsities", default=",".join(map(str, SPARSITIES)))
     parser.add_argument("--impls", default=",".join(IMPLS))
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--budget", type=float, default=4.0, help="seconds per point after 3 rounds")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--min-ms", type=float, default=20.0, help="each one-call measurement repeats calls for this long")
+    parser.add_argument("--k-max", type=int, default=256, help="most applications per graph call (in-graph measures)")
+    parser.add_argument("--threads", type=int, default=0, help="TensorFlow's intra-op threads (default: the usable cores)")
     parser.add_argument("--graph-k", type=int, default=GRAPH_K,
-                        help="layer applications in the in-graph functions (at least 2; the smoke test uses 2 to trace less)")
+                        help="distinct inputs per point (at least 2; the in-graph measures cycle through them)")
     parser.add_argument("--graph-limit-ms", type=float, default=50.0,
                         help="skip the in-graph measures of an implementation whose single call is slower")
     parser.add_argument("--out", default="results/benchmarks/layer_speed.csv")
     parser.add_argument("--fit", action="store_true", help="print a cost model refitted to these forward times")
     parser.add_argument("--report-only", action="store_true", help="rewrite the .md report and the _summary.csv from an existing csv")
+    protocol.add_arguments(parser)
     args = parser.parse_args()
 
     if args.graph_k < 2:
@@ -355,18 +357,22 @@ def main() -> None:
         NATIVE = "native" in set(df.impl)
         out = Path(args.out)
         summarise(df).to_csv(out.with_name(out.stem + "_summary.csv"), index=False)  # the .md cites it: keep them one
-        print(write_report(df, out.with_suffix(".md")))
+        old = out.with_suffix(".md")
+        text = old.read_text() if old.is_file() else ""
+        header = text.split("\n\nMedians of interleaved rounds")[0] if "benchmarks/protocol.py" in text else ""
+        print(write_report(df, old, header))  # the measuring run's protocol header, kept
         return
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    intra, inter = protocol.fix_tf_threads(args.threads or None)
+    try:
+        load = protocol.monitor_from(args)
+    except protocol.Busy as e:
+        print(f"refused: {e}", file=sys.stderr)
+        raise SystemExit(3)
+    gemm = protocol.dense_gemm_gflops()
     NATIVE = native.load() is not None
     print(f"prune.native: {native.status()}", flush=True)
-    print(
-        f"TF {tf.__version__}, Keras {keras.__version__}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cpus; intra_op_threads={tf.config.threading.get_intra_op_parallelism_threads()} "
-        f"inter_op_threads={tf.config.threading.get_inter_op_parallelism_threads()}; {_onednn_switches()}",
-        flush=True,
-    )
+    print(f"TF {tf.__version__}, Keras {keras.__version__}; {protocol.machine(native=False).describe()}; "
+          f"intra_op={intra} inter_op={inter}; {_onednn_switches()}", flush=True)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
     sparsities = [float(s) for s in args.sparsities.split(",")]
@@ -378,7 +384,8 @@ def main() -> None:
     for n_in, n_out in sizes:
         for batch in batches:
             for sparsity in sparsities if n_in * n_out <= 4 << 20 else big:
-                point = measure_point(n_in, n_out, batch, sparsity, impls, args.rounds, args.budget, rng, args.graph_limit_ms)
+                point = measure_point(n_in, n_out, batch, sparsity, impls, args.rounds, args.min_ms, rng,
+                                      args.graph_limit_ms, args.k_max)
                 rows += point
                 fwd = {r["impl"]: r["median_ms"] for r in point if r["mode"] == "forward"}
                 stp = {r["impl"]: r["median_ms"] for r in point if r["mode"] == "train_step"}
@@ -392,6 +399,13 @@ def main() -> None:
                     + f"  [{time.perf_counter() - t0:.0f}s]",
                     flush=True,
                 )
+    load.stop()
+    header = protocol.header(
+        "Layer speed: dense vs masked vs sparse", protocol.machine(), load, gemm,
+        f"TensorFlow {tf.__version__}, Keras {keras.__version__}: intra_op={intra}, inter_op={inter}",
+        [f"Medians of {args.rounds} interleaved rounds, each >= {args.min_ms:g} ms of calls; in-graph K from 8 up "
+         f"to {args.k_max}."],
+    )
     df = pd.DataFrame(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -403,7 +417,7 @@ def main() -> None:
     summary.to_csv(out.with_name(out.stem + "_summary.csv"), index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500):
         print(summary.to_string(index=False))
-    print(write_report(df, out.with_suffix(".md")))
+    print(write_report(df, out.with_suffix(".md"), header))
     print(f"wrote {out} ({len(df)} rows) in {time.perf_counter() - t0:.0f}s")
 
 
