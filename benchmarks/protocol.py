@@ -112,7 +112,11 @@ def _cpuinfo(text: str) -> tuple[str, str, tuple[str, ...]]:
 
 
 def machine(native: bool = True) -> Machine:
-    """The machine this process runs on; ``native=True`` also asks ``prune.native`` for its vector path."""
+    """The machine this process runs on; ``native=True`` also asks ``prune.native`` for its vector path.
+
+    ``native=True`` loads the native kernels, which imports TensorFlow: a process that must stay free of it (the
+    runner's parent in ``runner_workers.py``) passes ``native=False``.
+    """
     try:
         with open("/proc/cpuinfo") as f:
             cpu, family, flags = _cpuinfo(f.read())
