@@ -37,7 +37,6 @@ import numpy as np
 from prune.algorithms import GradualPruning, Update
 from prune.core.scoring import get_criterion
 from prune.layers.optimizer_state import slots_for
-from prune.core.patterns import Pattern
 from prune.core import targets as _targets
 from prune.layers.scheduled import PruningParams, keeps_step, pruning_params_of
 from prune.core.targets import MaskTarget, mask_targets
@@ -143,15 +142,16 @@ def get_step(model: Any) -> int:
 def _update(entry: PruningEntry, step: int, gradients: Mapping[str, Any] | None, optimizer: Any) -> Update:
     """What :class:`prune.algorithms.GradualPruning` sees of ``entry``: its weight, mask, settings, and the
     gradient and optimizer slots its criterion needs."""
+    weight = entry.weight  # one read: a SparseDense weight is densified on each
     grad = None
     if gradients is not None and entry.key in gradients:
         grad = np.asarray(gradients[entry.key])
-        if grad.shape != entry.weight.shape:
-            raise ValueError(f"gradients[{entry.key!r}] has shape {grad.shape}, expected {entry.weight.shape}")
+        if grad.shape != weight.shape:
+            raise ValueError(f"gradients[{entry.key!r}] has shape {grad.shape}, expected {weight.shape}")
     slots = {}
     if "slots" in get_criterion(entry.criterion).needs:
         slots = {s.path: entry.to_dense(np.asarray(s.numpy())) for s in slots_for(optimizer, entry.variable)}
-    return Update(entry.key, entry.weight, entry.keep, grad, params=entry.params, slots=slots, layer=entry.layer.name)
+    return Update(entry.key, weight, entry.keep, grad, params=entry.params, slots=slots, layer=entry.layer.name)
 
 
 def update_masks(
