@@ -136,11 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     from peers import write_results
 
     intra, inter = protocol.fix_tf_threads(args.threads or None)
-    try:
-        load = protocol.monitor_from(args)
-    except protocol.Busy as e:
-        print(f"refused: {e}", file=sys.stderr)
-        return 3
+    load = protocol.start_or_refuse(args)
+    if load is None:
+        return protocol.REFUSED
     gemm = protocol.dense_gemm_gflops()
     mach = protocol.machine()
     rng = np.random.default_rng(0)

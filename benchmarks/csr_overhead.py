@@ -358,11 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"n and batch must be >= 1 and sparsity in [0, 1), got {bad}")
 
-    try:  # before TensorFlow loads: a busy machine is refused at once
-        load = protocol.monitor_from(args)
-    except protocol.Busy as e:
-        print(f"refused: {e}", file=sys.stderr)
-        return 3
+    load = protocol.start_or_refuse(args)  # before TensorFlow loads: a busy machine is refused at once
+    if load is None:
+        return protocol.REFUSED
 
     import tensorflow as tf
 

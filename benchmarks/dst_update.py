@@ -151,11 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.batch < 1 or args.threads < 0:
         p.error(f"--rounds and --batch must be >= 1 and --threads >= 0, got {args.rounds}, {args.batch}, {args.threads}")
 
-    try:  # before TensorFlow is imported: a busy machine is refused at once
-        load = protocol.monitor_from(args)
-    except protocol.Busy as e:
-        print(f"refused: {e}", file=sys.stderr)
-        return 3
+    load = protocol.start_or_refuse(args)  # before TensorFlow is imported: a busy machine is refused at once
+    if load is None:
+        return protocol.REFUSED
     import keras
     import pandas as pd
     import tensorflow as tf

@@ -243,11 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_tfmot(args.rounds, args.batch, args.threads, args.limit)))
         return 0
 
-    try:  # before TensorFlow is imported: a busy machine is refused at once
-        load = protocol.monitor_from(args)
-    except protocol.Busy as e:
-        print(f"refused: {e}", file=sys.stderr)
-        return 3
+    load = protocol.start_or_refuse(args)  # before TensorFlow is imported: a busy machine is refused at once
+    if load is None:
+        return protocol.REFUSED
     import tensorflow as tf
 
     import prune  # noqa: F401  (sets the oneDNN switches before any graph is built)

@@ -363,11 +363,9 @@ def main() -> None:
         print(write_report(df, old, header))  # the measuring run's protocol header, kept
         return
     intra, inter = protocol.fix_tf_threads(args.threads or None)
-    try:
-        load = protocol.monitor_from(args)
-    except protocol.Busy as e:
-        print(f"refused: {e}", file=sys.stderr)
-        raise SystemExit(3)
+    load = protocol.start_or_refuse(args)
+    if load is None:
+        raise SystemExit(protocol.REFUSED)
     gemm = protocol.dense_gemm_gflops()
     NATIVE = native.load() is not None
     print(f"prune.native: {native.status()}", flush=True)

@@ -272,13 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_passive:
         torch_peers["torch_passive"] = protocol_torch(args.torch_python, {"OMP_WAIT_POLICY": "PASSIVE"})
     pids = [p.proc.pid for p in torch_peers.values() if p.proc is not None]
-    try:
-        load = protocol.monitor_from(args, pids=pids)
-    except protocol.Busy as e:
+    load = protocol.start_or_refuse(args, pids=pids)
+    if load is None:
         for p in torch_peers.values():
             p.close()
-        print(f"refused: {e}", file=sys.stderr)
-        return 3
+        return protocol.REFUSED
     gemm = protocol.dense_gemm_gflops()
     mach = protocol.machine()
     t = torch_peers["torch"]

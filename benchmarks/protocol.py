@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ __all__ = [
     "LoadMonitor",
     "Machine",
     "PerApplication",
+    "REFUSED",
     "Samples",
     "add_arguments",
     "busy_fraction",
@@ -56,6 +58,7 @@ __all__ = [
     "per_application",
     "read_cpu",
     "resolve",
+    "start_or_refuse",
     "time_calls",
 ]
 
@@ -475,4 +478,21 @@ def add_arguments(parser: Any) -> None:
 def monitor_from(args: Any, **kwargs: Any) -> LoadMonitor:
     """A started :class:`LoadMonitor` from :func:`add_arguments`' flags; raises :class:`Busy` on a busy machine."""
     return LoadMonitor(threshold=args.busy_threshold, allow_loaded=args.allow_loaded, **kwargs).start()
+
+
+REFUSED = 3
+"""The exit status of a script that refused a busy machine."""
+
+
+def start_or_refuse(args: Any, **kwargs: Any) -> LoadMonitor | None:
+    """:func:`monitor_from`, or ``None`` after printing ``refused: <why>`` to stderr on a busy machine.
+
+    Every script does ``load = protocol.start_or_refuse(args)`` and, on ``None``, exits with :data:`REFUSED`
+    before any work (and, where it can, before importing TensorFlow).
+    """
+    try:
+        return monitor_from(args, **kwargs)
+    except Busy as e:
+        print(f"refused: {e}", file=sys.stderr)
+        return None
 

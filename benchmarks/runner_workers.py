@@ -180,11 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     config = Path(args.config)
 
-    try:
-        load = protocol.monitor_from(args)
-    except protocol.Busy as e:
-        print(f"refused: {e}", file=sys.stderr)
-        return 3
+    load = protocol.start_or_refuse(args)
+    if load is None:
+        return protocol.REFUSED
     gemm, gemm_threads, native = calibrate()
     # protocol.machine() asks prune.native, which imports TensorFlow: here the child asked it
     mach = dataclasses.replace(protocol.machine(native=False), native=native)

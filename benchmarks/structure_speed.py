@@ -90,11 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [s for s in sparsities if s not in N_BY_M]:
         p.error(f"--sparsities: each must be one of {sorted(N_BY_M)} (an N:M pattern of that density), got {unknown}")
 
-    try:  # before TensorFlow loads: a busy machine is refused at once
-        load = protocol.monitor_from(args)
-    except protocol.Busy as e:
-        print(f"refused: {e}", file=sys.stderr)
-        return 3
+    load = protocol.start_or_refuse(args)  # before TensorFlow loads: a busy machine is refused at once
+    if load is None:
+        return protocol.REFUSED
 
     import tensorflow as tf
 

@@ -11,7 +11,6 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import protocol  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "csr_overhead.py"
 # scatter (batch 1) and tiled with the values gathered first (batch 256: more tiles than 2 threads)
@@ -46,17 +45,10 @@ def test_every_operation_and_part_is_positive_or_below_the_floor(tmp_path):
         assert "| scatter |" in report and "| tiled, gathered |" in report
 
 
-def test_a_busy_machine_is_refused_with_exit_code_3(tmp_path):
+def test_a_busy_machine_is_refused_with_exit_code_3(tmp_path, busy_machine):
     out = tmp_path / "csr_overhead.csv"
-    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(protocol.machine(native=False).cores)]
-    try:
-        proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--out", str(out)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
-    finally:
-        for p in spin:
-            p.kill()
-            p.wait()
+    proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.startswith("refused: the machine is busy") and "--allow-loaded" in proc.stderr
     assert not out.exists() and not out.with_suffix(".md").exists()

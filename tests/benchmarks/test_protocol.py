@@ -1,7 +1,6 @@
 """benchmarks/protocol.py: the machine record, the load arithmetic, the refusal of a busy machine, and the
 floor rule that keeps every reported time positive. Exact values on fixed readings; one real busy machine."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -65,20 +64,13 @@ def test_a_quiet_reading_starts_the_run_and_a_busy_one_is_refused_before_it(monk
         LoadMonitor(cores=2, threshold=0)
 
 
-def test_a_machine_kept_busy_by_another_process_is_refused_or_marked_loaded():
+def test_a_machine_kept_busy_by_another_process_is_refused_or_marked_loaded(busy_machine):
     """A real spinning process on every core: the monitor sees the load, refuses, or runs marked 'loaded'."""
-    cores = protocol.machine(native=False).cores
-    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
-    try:
-        with pytest.raises(Busy, match="the machine is busy"):
-            LoadMonitor(probe_seconds=1.0).start()
-        mon = LoadMonitor(probe_seconds=1.0, allow_loaded=True).start()
-        mon.stop()
-        assert mon.loaded and mon.describe().startswith("LOADED")
-    finally:
-        for p in spin:
-            p.kill()
-            p.wait()
+    with pytest.raises(Busy, match="the machine is busy"):
+        LoadMonitor(probe_seconds=1.0).start()
+    mon = LoadMonitor(probe_seconds=1.0, allow_loaded=True).start()
+    mon.stop()
+    assert mon.loaded and mon.describe().startswith("LOADED")
 
 
 def test_a_time_is_reported_only_when_it_stands_clear_of_the_floor():

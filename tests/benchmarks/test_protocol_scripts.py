@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import protocol  # noqa: E402
 
 HEADER_LINES = ("- CPU: ", "- Load: ", "- Threads: ", "- Dense calibration: ")
 
@@ -94,9 +93,8 @@ def test_runner_workers_runs_a_tiny_sweep_and_keeps_its_keys(tmp_path):
     assert got["protocol"]["dense_gemm_gflops"]["median"] > 0
 
 
-def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path):
+def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path, busy_machine):
     """A spinning process on every core and a tiny threshold: exit 3, 'refused:' on stderr, nothing written."""
-    cores = protocol.machine(native=False).cores
     config = tmp_path / "tiny.toml"
     config.write_text(TINY_SWEEP)
     calls = {
@@ -104,14 +102,8 @@ def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path):
         "dst_update.py": ["--rounds", "1", "--out", str(tmp_path / "dst_update.csv")],
         "runner_workers.py": ["--config", str(config), "--repeats", "1", "--out", str(tmp_path / "runner_workers.json")],
     }
-    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
-    try:
-        for script, args in calls.items():
-            proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)
-            assert proc.returncode == 3, f"{script}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
-            assert "refused: the machine is busy" in proc.stderr, proc.stderr[-3000:]
-    finally:
-        for p in spin:
-            p.kill()
-            p.wait()
+    for script, args in calls.items():
+        proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)
+        assert proc.returncode == 3, f"{script}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert "refused: the machine is busy" in proc.stderr, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]  # no table written

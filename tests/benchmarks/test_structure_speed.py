@@ -12,7 +12,6 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import protocol  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "structure_speed.py"
 TINY = ["--size", "16x8", "--batch", "2", "--sparsities", "0.5", "--rounds", "1", "--min-ms", "1", "--k-max", "8"]
@@ -44,17 +43,10 @@ def test_structure_speed_compares_patterns_at_equal_density(tmp_path):
     assert (df[["vs_unstructured", "vs_dense"]].dropna() > 0).all().all()
 
 
-def test_a_busy_machine_is_refused_with_exit_code_3(tmp_path):
+def test_a_busy_machine_is_refused_with_exit_code_3(tmp_path, busy_machine):
     out = tmp_path / "structure_speed.csv"
-    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(protocol.machine(native=False).cores)]
-    try:
-        proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--out", str(out)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
-    finally:
-        for p in spin:
-            p.kill()
-            p.wait()
+    proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.startswith("refused: the machine is busy") and "--allow-loaded" in proc.stderr
     assert not out.exists() and not out.with_suffix(".md").exists()
