@@ -83,14 +83,8 @@ class PrunableLayer(ScheduledLayer):
     (:class:`prune.layers.ScheduledLayer`).
 
     Args:
-        pruning_schedule: A schedule (ours, tfmot's, or a config dict), or
-            ``None`` for masks that change only through :meth:`set_mask`.
-        pattern: A :mod:`prune.core.patterns` value (default ``Unstructured()``).
-        criterion: Registered criterion name (:func:`prune.criteria`).
-        scope: ``"layer"`` (own threshold), ``"global"`` (one threshold
-            shared by every globally scoped weight in the model) or ``"erk"``
-            (Erdős–Rényi-Kernel sparsities over every ``"erk"`` weight).
-        seed: Seed of the random criterion.
+        pruning_schedule, pattern, criterion, scope, seed: As :class:`prune.layers.ScheduledLayer`; a
+            ``pruning_schedule`` of ``None`` keeps masks that change only through :meth:`set_mask`.
     """
 
     prunable_weight_names: tuple[str, ...] = ("kernel",)

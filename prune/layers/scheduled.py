@@ -132,6 +132,12 @@ class PruningParams:
         return {k: v for k, v in config.items() if k not in PRUNING_KEYS}
 
 
+def _param(key: str, doc: str) -> property:
+    """A :class:`ScheduledLayer` attribute that reads ``pruning_params.<key>``; assigning it replaces
+    :attr:`ScheduledLayer.pruning_params` by a validated copy (:meth:`ScheduledLayer._replace`)."""
+    return property(lambda self: getattr(self.pruning_params, key), lambda self, value: self._replace(key, value), doc=doc)
+
+
 class ScheduledLayer:
     """Mixin of every layer the engine drives: its :class:`PruningParams` and its ``pruning_step`` counter.
 
@@ -177,50 +183,11 @@ class ScheduledLayer:
             return
         self.pruning_params = dataclasses.replace(self.pruning_params, **{key: value})
 
-    @property
-    def pruning_schedule(self) -> PruningSchedule | None:
-        """The schedule, or ``None``; assigning one validates it and replaces :attr:`pruning_params`."""
-        return self.pruning_params.pruning_schedule
-
-    @pruning_schedule.setter
-    def pruning_schedule(self, schedule: Any) -> None:
-        self._replace("pruning_schedule", schedule)
-
-    @property
-    def pattern(self) -> Pattern:
-        """The :class:`prune.core.patterns.Pattern`."""
-        return self.pruning_params.pattern  # type: ignore[return-value]
-
-    @pattern.setter
-    def pattern(self, pattern: Any) -> None:
-        self._replace("pattern", pattern)
-
-    @property
-    def criterion(self) -> str:
-        """The criterion name."""
-        return self.pruning_params.criterion
-
-    @criterion.setter
-    def criterion(self, criterion: str) -> None:
-        self._replace("criterion", criterion)
-
-    @property
-    def scope(self) -> str:
-        """The distribution name."""
-        return self.pruning_params.scope
-
-    @scope.setter
-    def scope(self, scope: str) -> None:
-        self._replace("scope", scope)
-
-    @property
-    def seed(self) -> int:
-        """The seed."""
-        return self.pruning_params.seed
-
-    @seed.setter
-    def seed(self, seed: int) -> None:
-        self._replace("seed", seed)
+    pruning_schedule = _param("pruning_schedule", "The schedule, or ``None``; assigning one validates it and replaces :attr:`pruning_params`.")
+    pattern = _param("pattern", "The :class:`prune.core.patterns.Pattern`.")
+    criterion = _param("criterion", "The criterion name.")
+    scope = _param("scope", "The distribution name.")
+    seed = _param("seed", "The seed.")
 
     # -- the step counter ---------------------------------------------------------------
     def add_step_counter(self) -> None:
