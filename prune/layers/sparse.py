@@ -402,9 +402,8 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         return y
 
     def _blocked(self) -> bool:
-        """Whether ``native_structure`` has a block section (:func:`prune.native.structure`), from its length."""
-        n_in, n_out = self.dense_shape
-        return int(self.native_structure.shape[0]) > 3 * int(self.values.shape[0]) + n_in + n_out + 2
+        """Whether ``native_structure`` has a block section (:func:`prune.native.has_block_section`), from its length."""
+        return native.has_block_section(int(self.native_structure.shape[0]), int(self.values.shape[0]), *self.dense_shape)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
         return tuple(input_shape[:-1]) + (self.units,)

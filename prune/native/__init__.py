@@ -86,6 +86,11 @@ __all__ = [
     "BLOCK_WIDTHS",
     "HEADERS",
     "block_width",
+    "panel_section",
+    "panels_pay",
+    "has_block_section",
+    "PANEL_WIDTH",
+    "PANEL_MIN_SEGMENT",
 ]
 
 SOURCE = Path(__file__).with_name("sparse_ops.cc")
@@ -98,6 +103,16 @@ BLOCK_WIDTHS = (32, 16, 8, 4)
 """Tile widths (outputs per 1 x C tile) the block kernels take, widest first (see :func:`block_width`)."""
 
 _BLOCK_MAGIC = 0x6B6C4231  # kBlockMagic in block_ops.h
+
+PANEL_WIDTH = 128
+"""Inputs per panel of the panel section (see :func:`structure`): 128 columns of a 64-row transposed input
+tile are 32 KB, which stays in L1 while the forward kernel adds that panel's entries."""
+
+PANEL_MIN_SEGMENT = 6
+"""Mean stored entries per (panel, output) segment from which :func:`structure` adds a panel section: each
+segment also loads and stores its output's accumulators, so sparser layers keep the plain tiled kernel."""
+
+_PANEL_MAGIC = 0x6C6E5031  # kPanelMagic in sparse_ops.cc
 
 _OPT_FLAGS = ("-O3", "-ffp-contract=fast", "-fPIC", "-w")
 
@@ -551,7 +566,7 @@ def status() -> NativeStatus:
     return _state["status"]
 
 
-def structure(indices: Any, n_in: int, n_out: int, block: int | None = None) -> np.ndarray:
+def structure(indices: Any, n_in: int, n_out: int, block: int | None = None, panels: bool | None = None) -> np.ndarray:
     """The int32 structure vector the native ops read, from row-major sorted ``[nnz, 2]`` indices of ``W``.
 
     Layout ``[rp (n_in + 1) | cols (nnz) | trp (n_out + 1) | tcols (nnz) | tperm (nnz)]``:
@@ -559,11 +574,16 @@ def structure(indices: Any, n_in: int, n_out: int, block: int | None = None) -> 
     entry of ``W^T`` (see ``sparse_ops.cc``); then, when the entries form whole
     1 x C tiles along the output axis (:func:`block_width`), a block section
     (block-CSR and block-CSC of the tiles, ``block_ops.h``) with which the ops
-    run the block kernels.
+    run the block kernels; then, for a layer dense enough (:data:`PANEL_MIN_SEGMENT`),
+    a panel section: ``W^T``'s entries ordered by panel of :data:`PANEL_WIDTH` inputs, then
+    by output (:func:`panel_section`), which the forward op's large-batch kernel reads.
 
     Args:
         block: The tile width C of the block section: ``None`` (default) the
             widest that fits, ``0`` none (the general kernels).
+        panels: Whether to add the panel section: ``None`` (default) when the mean
+            segment holds at least :data:`PANEL_MIN_SEGMENT` entries and there are
+            two panels or more, ``True`` whenever there are two panels or more, ``False`` never.
 
     Raises:
         ValueError: more entries or a larger dimension than int32 can index; a
@@ -583,7 +603,47 @@ def structure(indices: Any, n_in: int, n_out: int, block: int | None = None) -> 
         raise ValueError(f"block={block}: the entries do not form whole 1 x {block} tiles (widths {BLOCK_WIDTHS})")
     if width:
         parts.append(_block_section(idx, n_in, n_out, width))
+    if -(-n_in // PANEL_WIDTH) >= 2 and (panels or (panels is None and panels_pay(nnz, n_in, n_out))):
+        parts.append(panel_section(idx, n_in, n_out))
     return np.concatenate(parts).astype(np.int32)
+
+
+def panels_pay(nnz: int, n_in: int, n_out: int) -> bool:
+    """Whether :func:`structure` adds a panel section by default: two panels or more, and a mean segment of at
+    least :data:`PANEL_MIN_SEGMENT` entries."""
+    count = -(-n_in // PANEL_WIDTH)
+    return count >= 2 and nnz >= PANEL_MIN_SEGMENT * n_out * count
+
+
+def has_block_section(length: int, nnz: int, n_in: int, n_out: int) -> bool:
+    """Whether a structure of ``length`` entries built by :func:`structure` (default ``panels``) has a block section.
+
+    Told from the length alone, so that a layer can decide it while tracing: the base parts take
+    ``3 * nnz + n_in + n_out + 2`` entries, and a panel section is there exactly when :func:`panels_pay`,
+    with a length that depends only on ``nnz``, ``n_in`` and ``n_out``; whatever else follows is a block section.
+    """
+    extra = length - (3 * nnz + n_in + n_out + 2)
+    if panels_pay(nnz, n_in, n_out):
+        extra -= 3 + -(-n_in // PANEL_WIDTH) * n_out + 1 + 2 * nnz
+    return extra > 0
+
+
+def panel_section(indices: Any, n_in: int, n_out: int, width: int = PANEL_WIDTH) -> np.ndarray:
+    """The panel section of :func:`structure`, from row-major sorted ``[nnz, 2]`` indices of ``W``.
+
+    Layout ``[MAGIC | width | count | starts (count * n_out + 1) | pcols (nnz) | pperm (nnz)]``
+    (``sparse_ops.cc``): the entries of ``W^T`` ordered by panel ``i // width`` of their input,
+    then by output ``j``, then by input; segment ``(p, j)`` is ``starts[p * n_out + j]`` to
+    ``starts[p * n_out + j + 1]``, ``pcols`` holds each entry's input and ``pperm`` its position
+    in ``values``.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1, 2)
+    count = -(-n_in // width)
+    panel = idx[:, 0] // width
+    order = np.argsort((panel * n_out + idx[:, 1]) * n_in + idx[:, 0], kind="stable")
+    starts = np.searchsorted((panel * n_out + idx[:, 1])[order], np.arange(count * n_out + 1))
+    head = np.array([_PANEL_MAGIC, width, count], np.int64)
+    return np.concatenate([head, starts, idx[order, 0], order])
 
 
 def block_width(indices: Any, n_out: int) -> int:

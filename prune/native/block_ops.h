@@ -52,12 +52,14 @@ inline int64_t BlockSectionSize(int64_t c, int64_t nb, int64_t n_in, int64_t n_o
   return 3 + (n_in + 1) + (n_cb + 1) + 4 * nb;
 }
 
-// Reads a block section of `len` entries at s; checks its header and pointers.
-Status UnpackBlocks(const int32_t* s, int64_t len, int64_t nnz, int64_t n_in, int64_t n_out, BlockCsr* b) {
+// Reads a block section at s, within the `len` entries left in the structure, into *b and its length into
+// *used; checks its header and pointers.
+Status UnpackBlocks(const int32_t* s, int64_t len, int64_t nnz, int64_t n_in, int64_t n_out, BlockCsr* b,
+                    int64_t* used) {
   if (len < 3 || s[0] != kBlockMagic) return errors::InvalidArgument("structure has a malformed block section");
   const int64_t c = s[1], nb = s[2];
   if ((c != 4 && c != 8 && c != 16 && c != 32) || nb < 0 || nb * c < nnz || nb > nnz ||
-      BlockSectionSize(c, nb, n_in, n_out) != len)
+      BlockSectionSize(c, nb, n_in, n_out) > len)
     return errors::InvalidArgument("structure has a malformed block section (width ", c, ", ", nb, " tiles)");
   b->c = c;
   b->nb = nb;
@@ -75,6 +77,7 @@ Status UnpackBlocks(const int32_t* s, int64_t len, int64_t nnz, int64_t n_in, in
     if (rp[0] != 0 || rp[n] != nb) return errors::InvalidArgument("structure block pointers do not span the tiles");
     if (!NonDecreasing(rp, n)) return errors::InvalidArgument("structure block pointers decrease");
   }
+  *used = BlockSectionSize(c, nb, n_in, n_out);
   return OkStatus();
 }
 

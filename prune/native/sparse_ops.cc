@@ -47,7 +47,11 @@
 // scatter, as the indirect reads miss L2.
 //
 // A structure of whole 1 x C tiles along the output axis carries a block section after
-// these parts; the ops then run the block kernels of block_ops.h (see there).
+// these parts; the ops then run the block kernels of block_ops.h (see there). A layer dense
+// enough carries a panel section after that (kPanelMagic, below): W^T's entries ordered by
+// panel of 128 inputs, then by output, which the forward op's batch tiles read when they
+// outnumber the threads (PanelTile), so that each panel's part of the transposed input tile
+// stays in L1 while its entries are added.
 //
 // Work runs on the op's intra-op thread pool. The small-batch paths cut the work into
 // units of about 32k multiply-adds (kSmallUnit; a smaller op runs on the calling thread)
@@ -271,13 +275,17 @@ constexpr int64_t kPrefetchAhead = 256;
 // prefetcher (columns outermost made W streams, 64 with AVX-512).
 void TransposeTile(const float* x, int64_t b0, int64_t tb, int64_t n_cols, int64_t W, int64_t c0, int64_t c1,
                    float* buf) {
-  for (int64_t q0 = 0; q0 < W; q0 += 8) {
-    const int64_t qn = std::max<int64_t>(0, std::min<int64_t>(8, tb - q0)), qe = std::min<int64_t>(8, W - q0);
+  // Sixteen rows of x per sweep, so that each 64-byte line of buf is written whole by two consecutive 8 x 8
+  // blocks (eight rows per sweep wrote half lines, each line then fetched twice).
+  for (int64_t q16 = 0; q16 < W; q16 += 16) {
     for (int64_t c = c0; c < c1; c += 8) {
       const int64_t cn = std::min<int64_t>(8, c1 - c);
-      if (qn > 0) Transpose8(x + (b0 + q0) * n_cols + c, n_cols, buf + c * W + q0, W, qn, cn);
-      for (int64_t cc = 0; cc < cn; ++cc)
-        for (int64_t q = qn; q < qe; ++q) buf[(c + cc) * W + q0 + q] = 0.0f;
+      for (int64_t q0 = q16; q0 < std::min<int64_t>(W, q16 + 16); q0 += 8) {
+        const int64_t qn = std::max<int64_t>(0, std::min<int64_t>(8, tb - q0)), qe = std::min<int64_t>(8, W - q0);
+        if (qn > 0) Transpose8(x + (b0 + q0) * n_cols + c, n_cols, buf + c * W + q0, W, qn, cn);
+        for (int64_t cc = 0; cc < cn; ++cc)
+          for (int64_t q = qn; q < qe; ++q) buf[(c + cc) * W + q0 + q] = 0.0f;
+      }
     }
   }
 }
@@ -344,9 +352,10 @@ int64_t HalfL2() {
   return half;
 }
 
-int TileVectors(int64_t n_cols, int64_t batch) {
+// On panels (PanelTile) only a panel's part of the tile need stay in cache, so the L2 bound does not apply.
+int TileVectors(int64_t n_cols, int64_t batch, bool panels = false) {
   int nv = 4;
-  while (nv > 1 && (n_cols * nv * kLanes * 4 > HalfL2() || (nv / 2) * kLanes >= batch)) nv /= 2;
+  while (nv > 1 && ((!panels && n_cols * nv * kLanes * 4 > HalfL2()) || (nv / 2) * kLanes >= batch)) nv /= 2;
   return nv;
 }
 
@@ -361,12 +370,149 @@ constexpr int64_t kTiledSerial = 1 << 19;
 // 4.5-4.9 against 5.1-5.3 ms shared, and level at batch 256.
 constexpr int64_t kTiledShared = 1 << 25;
 
+// Whether p[0..n] never decreases: a branch-free reduction the compiler vectorises
+// (16 compares per instruction with AVX-512), about 0.1 us for the 2k row pointers
+// of a 1024x1024 layer, so checking them on every call costs nothing measurable.
+inline bool NonDecreasing(const int32_t* p, int64_t n) {
+  int bad = 0;
+  for (int64_t r = 0; r < n; ++r) bad |= p[r + 1] < p[r];
+  return bad == 0;
+}
+
+// Whether every p[k] < lim for k in [0, n), as unsigned (so negatives fail): a branch-free max
+// reduction the compiler vectorises (16 lanes with AVX-512). The general kernels index with the
+// columns and permutation entries unchecked, so the op checks each array a path reads here,
+// once per call: about 1.5 us for the 105k columns of a 90%-sparse 1024x1024 layer, where a
+// check per entry inside the kernels cost 40% of the batch-1 op (0.117 against 0.072 ms).
+inline bool AllBelow(const int32_t* p, int64_t n, int64_t lim) {
+  uint32_t hi = 0;
+  for (int64_t k = 0; k < n; ++k) hi = std::max(hi, static_cast<uint32_t>(p[k]));
+  return n == 0 || static_cast<int64_t>(hi) < lim;
+}
+
+// Input-axis panels (issue 33). Each stored entry of the tiled kernel above loads a row of W floats of the
+// transposed input tile at a random column: with the tile in L2 (256 KB at 1024 inputs and 64 batch rows),
+// the multiply-adds are bound by L2's bandwidth, about 2.7x dense's time per multiply-add. Cut the input axis
+// into panels of `width` columns whose part of the tile fits L1 (kPanelBytes), and order M's entries panel by
+// panel, row by row: then every output row adds its entries of one panel while that panel is in L1, and each
+// row's W accumulators are loaded from and stored to an L2-resident output buffer once per (panel, row)
+// segment rather than 4 x 64 B being pulled from L2 per entry. The order is built per call (BuildPanels), in
+// the pass that gathered the values into W^T order before: one read of W^T's columns, permutation and values
+// and one write of the reordered columns and values, so no variable, saved file or structure changes.
+constexpr int64_t kPanelBytes = 32 << 10;     // a panel's part of the transposed tile: at most 32 of L1's 32-48 KB
+constexpr int64_t kPanelOutBytes = 256 << 10;  // the output rows' accumulators one pass over the panels keeps
+
+struct Panels {
+  int64_t width = 0, count = 0;     // columns per panel, panels (0: no panel section)
+  const int32_t* starts = nullptr;  // [count * n_rows + 1]: segment (p, r) = [starts[p n_rows + r], starts[p n_rows + r + 1])
+  const int32_t* cols = nullptr;    // [nnz], panel by panel, row by row, as in M within each row
+  const int32_t* perm = nullptr;    // [nnz]: the position in `values` of each
+  const float* vals = nullptr;      // [nnz]: the values in this order (GatherPanelValues, per call)
+};
+
+// Whether a tile of w batch rows runs on the structure's panels: a panel's part of the tile must fit kPanelBytes.
+inline bool UsePanels(const Panels& pn, int64_t w) { return pn.count >= 2 && pn.width * w * 4 <= kPanelBytes; }
+
+// The panel section of a structure (after the base parts and any block section), written by
+// prune.native.structure when a layer is dense enough for panels to pay:
+//
+//   [ kPanelMagic | width | count | starts (count * n_out + 1) | pcols (nnz) | pperm (nnz) ]
+//
+// W^T's entries panel by panel (inputs [p width, (p + 1) width)), output row by output row, each row's in W^T's
+// order: segment (p, r) is [starts[p n_out + r], starts[p n_out + r + 1]), pcols its inputs, pperm the position
+// in `values` of each entry. UnpackPanels checks the header and the starts; the columns and permutation are
+// checked in the value gather that every call runs before the tiles (GatherPanelValues).
+constexpr int32_t kPanelMagic = 0x6c6e5031;  // "1Pnl"
+
+// dst[d] = values[pperm[d]] for d < nnz: the values in panel order. Each panel's entries come from one
+// contiguous stretch of `values` (W's rows [p width, (p + 1) width), 52 KB at 1024 x 1024 and 90%), so the
+// reads stay in L1/L2 and no prefetch is needed; the loop is bound by its instructions, hence 16-wide gathers
+// with AVX-512. pperm and pcols are checked first (a vectorised max per array, AllBelow).
+bool GatherPanelValues(OpKernelContext* ctx, const Panels& pn, const float* values, int64_t nnz, int64_t n_in,
+                       float* dst_out) {
+  const int64_t units = std::min<int64_t>(NumThreads(ctx), (nnz + 32767) / 32768);
+  const int64_t per = (nnz + units - 1) / units;
+  std::atomic<bool> bad_any{false};
+  Parallel(ctx, units, [&](int64_t u) {
+    const int64_t d0 = std::min(nnz, u * per), e = std::min(nnz, d0 + per);
+    if (!AllBelow(pn.perm + d0, e - d0, nnz) || !AllBelow(pn.cols + d0, e - d0, n_in)) {
+      bad_any = true;
+      return;
+    }
+    const int32_t* __restrict perm = pn.perm;  // in locals: see the value gather in PruneSpmmOp
+    const float* __restrict src = values;
+    float* __restrict dst = dst_out;
+    for (int64_t d = d0; d < e; ++d) {
+      __builtin_prefetch(src + static_cast<uint32_t>(perm[std::min(d + kPrefetchAhead, e - 1)]));
+      dst[d] = src[static_cast<uint32_t>(perm[d])];
+    }
+  });
+  return !bad_any;
+}
+
+// Tile of NV vectors of batch rows [b0, b0 + tb), output rows [r0, r1), on panels: y[b, r] = sum over the
+// panels p of the entries of segment (p, r). The output rows go in chunks whose accumulators fit
+// kPanelOutBytes; each chunk sweeps every panel. shared: as in Tile.
+template <int NV>
+void PanelTile(const float* x, int64_t b0, int64_t tb, const Csr& m, const Panels& pn, int64_t r0, int64_t r1,
+               float* y, bool products, const float* shared) {
+  constexpr int64_t W = NV * kLanes;
+  constexpr int64_t kRowBlock = 64;
+  const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
+  const float* buf = shared;
+  if (buf == nullptr) {
+    float* own = Scratch(0, n_cols * W);
+    TransposeTile(x, b0, tb, n_cols, W, 0, n_cols, own);
+    buf = own;
+  }
+  const int64_t chunk = std::max<int64_t>(kRowBlock, kPanelOutBytes / (W * 4) / kRowBlock * kRowBlock);
+  float* obuf = Scratch(1, std::min(chunk, r1 - r0) * W);
+  const float* __restrict vals = pn.vals;
+  const int32_t* __restrict cols = pn.cols;
+  for (int64_t c0 = r0; c0 < r1; c0 += chunk) {
+    const int64_t c1 = std::min(r1, c0 + chunk);
+    for (int64_t p = 0; p < pn.count; ++p) {
+      const int32_t* st = pn.starts + p * n_rows;
+      for (int64_t r = c0; r < c1; ++r) {
+        vec* o = reinterpret_cast<vec*>(obuf + (r - c0) * W);
+        int64_t k = st[r];
+        const int64_t e = products ? st[r + 1] : k;  // !products: the transposes alone (profile 3)
+        if (p > 0 && k == e) continue;
+        vec a[NV], b[NV];
+        for (int q = 0; q < NV; ++q) {
+          a[q] = p == 0 ? vec{} : o[q];
+          b[q] = vec{};
+        }
+        for (; k + 1 < e; k += 2) {
+          const float v0 = vals[k], v1 = vals[k + 1];
+          const vec* p0 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k]) * W);
+          const vec* p1 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k + 1]) * W);
+          for (int q = 0; q < NV; ++q) { a[q] += v0 * p0[q]; b[q] += v1 * p1[q]; }
+        }
+        if (k < e) {
+          const float v0 = vals[k];
+          const vec* p0 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k]) * W);
+          for (int q = 0; q < NV; ++q) a[q] += v0 * p0[q];
+        }
+        for (int q = 0; q < NV; ++q) o[q] = a[q] + b[q];
+      }
+    }
+    for (int64_t rb = c0; rb < c1; rb += kRowBlock) {  // y[b0 + q, r] = obuf[(r - c0) * W + q], 64 rows at a time
+      const int64_t re = std::min(c1, rb + kRowBlock);
+      for (int64_t q0 = 0; q0 < tb; q0 += 8)
+        for (int64_t r = rb; r < re; r += 8)
+          Transpose8(obuf + (r - c0) * W + q0, W, y + (b0 + q0) * n_rows + r, n_rows, std::min<int64_t>(8, re - r),
+                     std::min<int64_t>(8, tb - q0));
+    }
+  }
+}
+
 // y = x @ M^T for M given by CSR (rows = outputs): tiles over the batch.
 template <bool kPerm>
 void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, float* y,
-                 bool products = true) {
+                 bool products = true, const Panels* panels = nullptr) {
   const int threads = NumThreads(ctx);
-  const int nv = TileVectors(m.n_cols, batch);
+  const int nv = TileVectors(m.n_cols, batch, panels != nullptr);
   const int64_t w = nv * kLanes, tiles = (batch + w - 1) / w;
   // Split output rows as well when there are fewer tiles than threads, unless the whole
   // product is smaller than waking the pool costs (kTiledSerial).
@@ -390,6 +536,14 @@ void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
       const int64_t t = v / splits, s = v % splits;
       const int64_t b0 = t * w, tb = std::min(w, batch - b0);
       if (bounds[s] >= bounds[s + 1]) continue;
+      if (panels != nullptr) {
+        switch (nv) {
+          case 4: PanelTile<4>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared); break;
+          case 2: PanelTile<2>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared); break;
+          default: PanelTile<1>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared); break;
+        }
+        continue;
+      }
       switch (nv) {
         case 4: Tile<4, kPerm>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, products, shared); break;
         case 2: Tile<2, kPerm>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, products, shared); break;
@@ -627,26 +781,6 @@ void SmallGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
   }
 }
 
-// Whether p[0..n] never decreases: a branch-free reduction the compiler vectorises
-// (16 compares per instruction with AVX-512), about 0.1 us for the 2k row pointers
-// of a 1024x1024 layer, so checking them on every call costs nothing measurable.
-inline bool NonDecreasing(const int32_t* p, int64_t n) {
-  int bad = 0;
-  for (int64_t r = 0; r < n; ++r) bad |= p[r + 1] < p[r];
-  return bad == 0;
-}
-
-// Whether every p[k] < lim for k in [0, n), as unsigned (so negatives fail): a branch-free max
-// reduction the compiler vectorises (16 lanes with AVX-512). The general kernels index with the
-// columns and permutation entries unchecked, so the op checks each array a path reads here,
-// once per call: about 1.5 us for the 105k columns of a 90%-sparse 1024x1024 layer, where a
-// check per entry inside the kernels cost 40% of the batch-1 op (0.117 against 0.072 ms).
-inline bool AllBelow(const int32_t* p, int64_t n, int64_t lim) {
-  uint32_t hi = 0;
-  for (int64_t k = 0; k < n; ++k) hi = std::max(hi, static_cast<uint32_t>(p[k]));
-  return n == 0 || static_cast<int64_t>(hi) < lim;
-}
-
 // Checks the arrays of m that a general kernel reads: columns (< m.n_cols) and, when
 // perm is set, the permutation (< nnz); split over the pool from 2^18 entries (a
 // 4096x4096 layer at 90% has 1.7M: ~13 MB to read for both arrays).
@@ -666,17 +800,51 @@ Status CheckEntries(OpKernelContext* ctx, const Csr& m, int64_t nnz, const char*
 
 #include "block_ops.h"
 
-// Reads the structure vector; checks its length and row pointers (and those of a
-// block section after it, into *blocks; blocks->c stays 0 without one).
-Status Unpack(const Tensor& structure, int64_t nnz, int64_t n_in, int64_t n_out, Csr* w, Csr* wt, BlockCsr* blocks) {
+Status UnpackPanels(const int32_t* s, int64_t len, int64_t nnz, int64_t n_in, int64_t n_out, Panels* pn,
+                    int64_t* used) {
+  if (len < 3 || s[0] != kPanelMagic) return errors::InvalidArgument("structure has a malformed panel section");
+  const int64_t width = s[1], count = s[2];
+  if (width < 1 || n_in < 1 || count != (n_in + width - 1) / width)
+    return errors::InvalidArgument("structure has a malformed panel section (width ", width, ", ", count, " panels for ",
+                                   n_in, " inputs)");
+  const int64_t size = 3 + count * n_out + 1 + 2 * nnz;
+  if (size > len) return errors::InvalidArgument("structure's panel section is cut short (", len, " of ", size, " entries)");
+  const int32_t* starts = s + 3;
+  if (starts[0] != 0 || starts[count * n_out] != nnz) return errors::InvalidArgument("structure panel starts do not span nnz");
+  if (!NonDecreasing(starts, count * n_out)) return errors::InvalidArgument("structure panel starts decrease");
+  pn->width = width;
+  pn->count = count;
+  pn->starts = starts;
+  pn->cols = starts + count * n_out + 1;
+  pn->perm = pn->cols + nnz;
+  *used = size;
+  return OkStatus();
+}
+
+// Reads the structure vector; checks its length and row pointers, and those of the sections that may follow
+// (a block section into *blocks, whose c stays 0 without one; a panel section into *panels, whose count stays 0).
+Status Unpack(const Tensor& structure, int64_t nnz, int64_t n_in, int64_t n_out, Csr* w, Csr* wt, BlockCsr* blocks,
+              Panels* panels) {
   const int64_t base = 3 * nnz + n_in + n_out + 2;
   if (structure.dims() != 1 || structure.dim_size(0) < base) {
     return errors::InvalidArgument("structure must have 3 * nnz + n_in + n_out + 2 = ", base,
-                                   " entries (then possibly a block section) for nnz ", nnz, ", got shape ",
+                                   " entries (then possibly a block and a panel section) for nnz ", nnz, ", got shape ",
                                    structure.shape().DebugString());
   }
   const int32_t* s = structure.flat<int32_t>().data();
-  if (structure.dim_size(0) > base) TF_RETURN_IF_ERROR(UnpackBlocks(s + base, structure.dim_size(0) - base, nnz, n_in, n_out, blocks));
+  const int64_t len = structure.dim_size(0);
+  for (int64_t o = base; o < len;) {
+    int64_t used = 0;
+    if (s[o] == kBlockMagic && blocks->c == 0 && panels->count == 0) {
+      TF_RETURN_IF_ERROR(UnpackBlocks(s + o, len - o, nnz, n_in, n_out, blocks, &used));
+    } else if (s[o] == kPanelMagic && panels->count == 0) {
+      TF_RETURN_IF_ERROR(UnpackPanels(s + o, len - o, nnz, n_in, n_out, panels, &used));
+    } else {
+      return errors::InvalidArgument("structure has a malformed section at entry ", o,
+                                     " (a block section, then a panel section, may follow the base parts)");
+    }
+    o += used;
+  }
   *w = Csr{s, s + n_in + 1, nullptr, n_in, n_out};
   const int32_t* t = s + n_in + 1 + nnz;
   *wt = Csr{t, t + n_out + 1, t + n_out + 1 + nnz, n_out, n_in};
@@ -707,7 +875,8 @@ class PruneSpmmOp : public OpKernel {
     const int64_t nnz = values_t.dim_size(0), batch = x_t.dim_size(0);
     Csr w, wt;
     BlockCsr blocks;
-    OP_REQUIRES_OK(ctx, Unpack(ctx->input(2), nnz, n_in_, n_out_, &w, &wt, &blocks));
+    Panels panels;
+    OP_REQUIRES_OK(ctx, Unpack(ctx->input(2), nnz, n_in_, n_out_, &w, &wt, &blocks, &panels));
     Tensor* y_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, n_y}), &y_t));
     float* y = y_t->flat<float>().data();
@@ -722,10 +891,15 @@ class PruneSpmmOp : public OpKernel {
     // stored; y = x @ W along W^T's rows with the values read through tperm.
     enum { kBlocks, kInputGrad, kRowGather, kScatter, kTiledPerm, kTiledGathered } path;
     const int64_t tile_rows = TileVectors(n_in_, batch) * kLanes;
+    // On panels: more tiles than threads, at the panels' own tile width (the L2 bound does not apply there).
+    const int64_t panel_rows = TileVectors(n_in_, batch, true) * kLanes;
+    const bool on_panels = !transpose_ && batch >= kLanes && UsePanels(panels, panel_rows) &&
+                           (batch + panel_rows - 1) / panel_rows > NumThreads(ctx);
     if (UseBlocks(blocks, batch) && profile_ != 4) path = kBlocks;  // a blocked structure (profile 4: general kernels)
     else if (transpose_) path = kInputGrad;
     else if (batch == 1 && profile_ == 5) path = kRowGather;
     else if (batch < kLanes) path = kScatter;
+    else if (on_panels) path = kTiledGathered;
     else if ((batch + tile_rows - 1) / tile_rows <= NumThreads(ctx)) path = kTiledPerm;
     else path = kTiledGathered;
     // The general kernels index with the structure unchecked: check the arrays this path reads.
@@ -759,7 +933,17 @@ class PruneSpmmOp : public OpKernel {
         break;
       case kTiledGathered: {
         // More tiles than threads: gather the values into W^T order once (each
-        // tile would otherwise repeat the indirect reads), then the tiles.
+        // tile would otherwise repeat the indirect reads), then the tiles; on panels
+        // when the segments are long enough (UsePanels), gathered into the panel order.
+        if (on_panels) {
+          float* pv = Scratch(2, nnz);
+          OP_REQUIRES(ctx, GatherPanelValues(ctx, panels, values, nnz, n_in_, pv),
+                      errors::InvalidArgument("structure holds an out-of-range column or permutation entry in its "
+                                              "panel section"));
+          panels.vals = pv;
+          if (profile_ != 2) TiledGather<false>(ctx, x, batch, wt, values, y, profile_ != 3, &panels);
+          break;
+        }
         float* tv = Scratch(2, nnz);
         const int64_t units = std::min<int64_t>(NumThreads(ctx), (nnz + 32767) / 32768);
         const int64_t per = (nnz + units - 1) / units;
@@ -833,7 +1017,8 @@ class PruneSddmmOp : public OpKernel {
     const int64_t nnz = values_t.dim_size(0), batch = x_t.dim_size(0), n_in = n_in_, n_out = n_out_;
     Csr w, wt;
     BlockCsr blocks;
-    OP_REQUIRES_OK(ctx, Unpack(ctx->input(3), nnz, n_in, n_out, &w, &wt, &blocks));
+    Panels panels;  // not read by the values gradient
+    OP_REQUIRES_OK(ctx, Unpack(ctx->input(3), nnz, n_in, n_out, &w, &wt, &blocks, &panels));
     Tensor* dv_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nnz}), &dv_t));
     float* dv = dv_t->flat<float>().data();

@@ -146,7 +146,9 @@ def test_native_op_rejects_a_corrupt_structure():
     for batch in (tiled, 300):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):
             lib.prune_spmm(np.ones((batch, 2), np.float32), np.ones(2, np.float32), bad_perm, n_in=2, n_out=2)
-    long = native.structure(np.stack([np.arange(300), np.zeros(300, int)], 1), 300, 1)  # one W^T row of 300
+    # one W^T row of 300; without the panel section, which the forward's batch-300 path would read instead of
+    # W^T's columns (its own corruptions: test_native_panels.py)
+    long = native.structure(np.stack([np.arange(300), np.zeros(300, int)], 1), 300, 1, panels=False)
     long[300 + 1 + 300 + 2 + 150] = 300  # a column of W^T beyond n_in, in the middle of a long row
     for batch in (tiled, 300):
         with pytest.raises(tf.errors.InvalidArgumentError, match="out-of-range"):

@@ -46,6 +46,9 @@ def _structures() -> dict[str, tuple[np.ndarray, int]]:
         # from batch 3), the tiled paths split rows over the pool from batch 35 (2^19 multiply-adds)
         "general-300x100": (rng.random((300, 100)) < 0.5, 0),
         "general-empty-rows-cols": (rng.random((40, 33)) < 0.3, 0),
+        # 5 panels of 128 inputs, the last ragged (prune.native.structure adds the panel section): the forward
+        # op's panel kernel from the batch where tiles outnumber threads
+        "general-panels-517x23": (rng.random((517, 23)) < 0.25, 0),
     }
     out["general-empty-rows-cols"][0][[0, 7, 39]] = False
     out["general-empty-rows-cols"][0][:, [0, 16, 32]] = False

@@ -91,9 +91,9 @@ import json, sys
 import pytest
 from prune import native
 code = pytest.main(["-q", "-p", "no:cacheprovider", "-n", "0", "tests/prune/native/test_native.py", "tests/prune/native/test_native_blocks.py",
-                    "tests/prune/native/test_native_batches.py",
+                    "tests/prune/native/test_native_batches.py", "tests/prune/native/test_native_panels.py",
                     "-k", "matches_dense_reference or corrupt or path_is_the_one or block_ops or every_batch or fuzz "
-                          "or fit_at_batch"])
+                          "or fit_at_batch or panel"])
 st = native.status()
 print("STATUS " + json.dumps(dict(code=int(code), available=st.available, reason=st.reason, flags=st.flags,
                                   vector=st.vector, path=st.path)))
