@@ -65,6 +65,12 @@ __all__ = [
 BUSY_FRACTION = 0.10
 """Other processes may use at most this fraction of the usable cores' time, before and during a run."""
 
+UNSTEADY_SPREAD = 1.3
+"""Slowest over fastest round of the dense calibration above which a table is marked unsteady. On a virtual
+machine the host can slow these cores (its other guests, its clock) with no process of ours or anyone's
+visible in ``/proc/stat``: on 2026-12-02 an AMD EPYC guest, quiet by that measure, gave calibration rounds of
+218-348 GFLOPS in one run and 290-362 in another."""
+
 FLAGS = (
     "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
     "avx512_vp2intersect", "amx_tile", "amx_bf16", "asimd", "sve",
@@ -463,6 +469,11 @@ def header(title: str, mach: Machine, load: LoadMonitor, gemm: Samples | None, t
         lines.append(f"- Dense calibration: TensorFlow's [256, 1024] x [1024, 1024] GEMM at {gemm.median:.0f} GFLOPS "
                      f"(min {gemm.low:.0f}, max {gemm.high:.0f} over {len(gemm.values)} rounds) in this run; "
                      "every 'x dense' below is relative to this machine's dense.")
+        if gemm.high > UNSTEADY_SPREAD * gemm.low:
+            lines.append(f"- UNSTEADY: the calibration's slowest round took {gemm.high / gemm.low:.2f}x its fastest "
+                         f"(above {UNSTEADY_SPREAD}x) with no other process using the CPU: the host varied these "
+                         "cores' speed during the run, so single rounds are unreliable; ratios of medians taken side "
+                         "by side hold better than absolute times, and the CSV's min-max shows how far.")
     lines.extend(f"- {e}" for e in extra)
     return "\n".join(lines) + "\n"
 

@@ -628,7 +628,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             if not kernels.is_real_dtype(arr.dtype):
                 raise ValueError(f"{where}: {label} must be real numbers, got dtype {arr.dtype}")
             if v is self.native_structure:
-                if arr.ndim != 1:  # its length depends on the layout (a block section or none): any is fine
+                if arr.ndim != 1:  # its length depends on the layout (block and panel sections or none): any is fine
                     raise ValueError(f"{where}: {label} must be 1-D, got shape {arr.shape}")
             elif v is self.values or v is self.indices or any(v is d for d in derived_vars):
                 if same_nnz and arr.shape != tuple(v.shape):

@@ -108,9 +108,11 @@ PANEL_WIDTH = 128
 """Inputs per panel of the panel section (see :func:`structure`): 128 columns of a 64-row transposed input
 tile are 32 KB, which stays in L1 while the forward kernel adds that panel's entries."""
 
-PANEL_MIN_SEGMENT = 6
+PANEL_MIN_SEGMENT = 10
 """Mean stored entries per (panel, output) segment from which :func:`structure` adds a panel section: each
-segment also loads and stores its output's accumulators, so sparser layers keep the plain tiled kernel."""
+segment also loads and stores its output's accumulators, so sparser layers keep the plain tiled kernel. At 6.4
+entries per segment (95% sparse) the panels measured slower than the plain kernel at 4096 x 4096; at 12.8 (90%)
+and 25.6 (80%) faster (``benchmarks/panel_speed.py``, ``docs/kernels.md``)."""
 
 _PANEL_MAGIC = 0x6C6E5031  # kPanelMagic in sparse_ops.cc
 
@@ -640,8 +642,9 @@ def panel_section(indices: Any, n_in: int, n_out: int, width: int = PANEL_WIDTH)
     idx = np.asarray(indices, dtype=np.int64).reshape(-1, 2)
     count = -(-n_in // width)
     panel = idx[:, 0] // width
-    order = np.argsort((panel * n_out + idx[:, 1]) * n_in + idx[:, 0], kind="stable")
-    starts = np.searchsorted((panel * n_out + idx[:, 1])[order], np.arange(count * n_out + 1))
+    key = panel * n_out + idx[:, 1]
+    order = np.argsort(key, kind="stable")  # row-major indices: a stable sort keeps each segment in input order
+    starts = np.searchsorted(key[order], np.arange(count * n_out + 1))
     head = np.array([_PANEL_MAGIC, width, count], np.int64)
     return np.concatenate([head, starts, idx[order, 0], order])
 

@@ -21,7 +21,8 @@
 //       ignores a block section (the general kernels on a blocked structure); 5 runs batch 1
 //       forward as a row gather over W^T through tperm (AVX-512 gathers), the layout scipy's
 //       product walks: 105k/48k/9.8k cycles per op at 90/95/99% on Zen 4 against the
-//       scatter's 67k/34k/8.9k, so the scatter stays.
+//       scatter's 67k/34k/8.9k, so the scatter stays; 6 ignores a panel section (the tiled
+//       kernel over W^T after the value gather, as before panels).
 //   PruneSddmm(x, dy, values, structure; n_in, n_out)
 //       dv[k] = sum_b x[b, i_k] * dy[b, j_k] for the k-th stored entry (i_k, j_k):
 //       the values gradient (a sampled dense-dense product), no [nnz, batch] temporary.
@@ -352,10 +353,12 @@ int64_t HalfL2() {
   return half;
 }
 
-// On panels (PanelTile) only a panel's part of the tile need stay in cache, so the L2 bound does not apply.
+// On panels (PanelTile) only a panel's part of the tile need stay in cache, so the tile may be 4x larger (a
+// 1 MB tile at 4096 inputs with AVX-512; each pool thread keeps its tile buffer for its life).
 int TileVectors(int64_t n_cols, int64_t batch, bool panels = false) {
+  const int64_t cap = panels ? 4 * HalfL2() : HalfL2();
   int nv = 4;
-  while (nv > 1 && ((!panels && n_cols * nv * kLanes * 4 > HalfL2()) || (nv / 2) * kLanes >= batch)) nv /= 2;
+  while (nv > 1 && (n_cols * nv * kLanes * 4 > cap || (nv / 2) * kLanes >= batch)) nv /= 2;
   return nv;
 }
 
@@ -396,9 +399,16 @@ inline bool AllBelow(const int32_t* p, int64_t n, int64_t lim) {
 // into panels of `width` columns whose part of the tile fits L1 (kPanelBytes), and order M's entries panel by
 // panel, row by row: then every output row adds its entries of one panel while that panel is in L1, and each
 // row's W accumulators are loaded from and stored to an L2-resident output buffer once per (panel, row)
-// segment rather than 4 x 64 B being pulled from L2 per entry. The order is built per call (BuildPanels), in
-// the pass that gathered the values into W^T order before: one read of W^T's columns, permutation and values
-// and one write of the reordered columns and values, so no variable, saved file or structure changes.
+// segment rather than 4 x 64 B being pulled from L2 per entry. The order is the structure's panel section
+// (prune.native.structure builds it with the rest of the structure, when the structure changes); each call
+// gathers the values into that order (GatherPanelValues), as the plain tiled path gathers them into W^T's.
+// Building the order per call instead, or keeping it in the op and comparing the structure and values byte for
+// byte on every call, cost about as much as the multiply-adds it saved (1024 x 1024, 90%, batch 256).
+//
+// Rounding: a row's sum is added panel by panel, so its float32 result differs in the last bits from the plain
+// tiled kernel's, and which kernel runs depends on the batch and the threads (more batch tiles than threads):
+// the same input row may round differently at batch 128 and 129, or on 2 and 8 threads. Both are within the
+// float32 bound of any summation order (tests/prune/native/test_native_panels.py).
 constexpr int64_t kPanelBytes = 32 << 10;     // a panel's part of the transposed tile: at most 32 of L1's 32-48 KB
 constexpr int64_t kPanelOutBytes = 256 << 10;  // the output rows' accumulators one pass over the panels keeps
 
@@ -425,9 +435,9 @@ inline bool UsePanels(const Panels& pn, int64_t w) { return pn.count >= 2 && pn.
 constexpr int32_t kPanelMagic = 0x6c6e5031;  // "1Pnl"
 
 // dst[d] = values[pperm[d]] for d < nnz: the values in panel order. Each panel's entries come from one
-// contiguous stretch of `values` (W's rows [p width, (p + 1) width), 52 KB at 1024 x 1024 and 90%), so the
-// reads stay in L1/L2 and no prefetch is needed; the loop is bound by its instructions, hence 16-wide gathers
-// with AVX-512. pperm and pcols are checked first (a vectorised max per array, AllBelow).
+// contiguous stretch of `values` (W's rows [p width, (p + 1) width): 52 KB at 1024 x 1024 and 90%, 840 KB at
+// 4096 x 4096), read through pperm with a prefetch ahead (16-wide AVX-512 gathers without it measured slower
+// at 4096 x 4096). pperm and pcols are checked first (a vectorised max per array, AllBelow).
 bool GatherPanelValues(OpKernelContext* ctx, const Panels& pn, const float* values, int64_t nnz, int64_t n_in,
                        float* dst_out) {
   const int64_t units = std::min<int64_t>(NumThreads(ctx), (nnz + 32767) / 32768);
@@ -862,6 +872,10 @@ class PruneSpmmOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_out", &n_out_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose", &transpose_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("profile", &profile_));
+    // The structure indexes with int32 (prune.native.structure refuses larger layers), and the section sizes
+    // (3 nnz + n_in + n_out, count * n_out) must not overflow int64.
+    OP_REQUIRES(ctx, n_in_ < (int64_t{1} << 31) && n_out_ < (int64_t{1} << 31),
+                errors::InvalidArgument("n_in and n_out must be below 2^31, got ", n_in_, " and ", n_out_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -893,7 +907,7 @@ class PruneSpmmOp : public OpKernel {
     const int64_t tile_rows = TileVectors(n_in_, batch) * kLanes;
     // On panels: more tiles than threads, at the panels' own tile width (the L2 bound does not apply there).
     const int64_t panel_rows = TileVectors(n_in_, batch, true) * kLanes;
-    const bool on_panels = !transpose_ && batch >= kLanes && UsePanels(panels, panel_rows) &&
+    const bool on_panels = !transpose_ && batch >= kLanes && profile_ != 6 && UsePanels(panels, panel_rows) &&
                            (batch + panel_rows - 1) / panel_rows > NumThreads(ctx);
     if (UseBlocks(blocks, batch) && profile_ != 4) path = kBlocks;  // a blocked structure (profile 4: general kernels)
     else if (transpose_) path = kInputGrad;
@@ -1002,6 +1016,8 @@ class PruneSddmmOp : public OpKernel {
   explicit PruneSddmmOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_in", &n_in_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_out", &n_out_));
+    OP_REQUIRES(ctx, n_in_ < (int64_t{1} << 31) && n_out_ < (int64_t{1} << 31),
+                errors::InvalidArgument("n_in and n_out must be below 2^31, got ", n_in_, " and ", n_out_));
   }
 
   void Compute(OpKernelContext* ctx) override {

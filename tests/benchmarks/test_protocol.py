@@ -89,3 +89,16 @@ def test_samples_give_median_and_spread():
     s = protocol.Samples((3.0, 1.0, 2.0, 10.0))
     assert (s.median, s.low, s.high) == (2.5, 1.0, 10.0)
     assert s.text(1) == "2.5 (1.0-10.0)"
+
+
+def test_a_calibration_that_varied_past_the_threshold_marks_the_table_unsteady():
+    mach = protocol.Machine("AMD EPYC", "26/2", ("avx512f",), 2, "avx512 (16 lanes)")
+
+    class Quiet:
+        def describe(self):
+            return "quiet"
+
+    steady = protocol.header("t", mach, Quiet(), protocol.Samples((300.0, 330.0, 390.0)), "intra_op=2")
+    unsteady = protocol.header("t", mach, Quiet(), protocol.Samples((300.0, 330.0, 391.0)), "intra_op=2")
+    assert "UNSTEADY" not in steady  # 390 / 300 = 1.30: at the threshold, not past it
+    assert "- UNSTEADY: the calibration's slowest round took 1.30x its fastest (above 1.3x)" in unsteady

@@ -47,7 +47,8 @@ def _structures() -> dict[str, tuple[np.ndarray, int]]:
         "general-300x100": (rng.random((300, 100)) < 0.5, 0),
         "general-empty-rows-cols": (rng.random((40, 33)) < 0.3, 0),
         # 5 panels of 128 inputs, the last ragged (prune.native.structure adds the panel section): the forward
-        # op's panel kernel from the batch where tiles outnumber threads
+        # op's panel kernel from the batch where tiles of 4 vectors outnumber threads (255-257 here on up to 3
+        # threads with 16 lanes; test_native_panels.py picks its batches from the machine's threads)
         "general-panels-517x23": (rng.random((517, 23)) < 0.25, 0),
     }
     out["general-empty-rows-cols"][0][[0, 7, 39]] = False

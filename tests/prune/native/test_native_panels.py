@@ -10,6 +10,7 @@ batches around the path's thresholds and on ragged panels, that every corrupt se
 """
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -24,6 +25,13 @@ needs_native = pytest.mark.skipif(FORCED_OFF, reason="PRUNE_NATIVE=0 forces the 
 
 def _base_len(nnz: int, n_in: int, n_out: int) -> int:
     return 3 * nnz + n_in + n_out + 2
+
+
+def _panel_batch() -> int:
+    """A batch that takes the panel path on this build and machine: more tiles of 4 vectors than threads."""
+    lanes = int(re.search(r"\((\d+) lanes\)", native.status().vector).group(1))
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
+    return threads * 4 * lanes + 3  # and a ragged last tile
 
 
 def test_panel_section_of_a_tiny_weight_is_exact():
@@ -76,14 +84,15 @@ def _product(lib, x, vals, st, n_in, n_out, graph=False):
 
 
 @needs_native
-@pytest.mark.parametrize("n_in, n_out, density", [(300, 100, 0.5), (517, 61, 0.2), (1024, 96, 0.1)])
+# (256, 1100): more outputs than one chunk of accumulators holds on 16-lane builds (1024 rows of 64 floats)
+@pytest.mark.parametrize("n_in, n_out, density", [(300, 100, 0.5), (517, 61, 0.2), (1024, 96, 0.1), (256, 1100, 0.1)])
 def test_panel_kernel_matches_the_dense_product(n_in, n_out, density):
     lib = native.load()
     assert lib is not None, native.status().reason
     rng = np.random.default_rng(n_in)
     mask = rng.random((n_in, n_out)) < density
     mask[:, 5] = False  # an output with no entry in any panel
-    mask[130:260, 7] = False  # an output with no entry in the second panel
+    mask[128:256, 7] = False  # an output with no entry in the second panel
     idx = np.argwhere(mask)
     w = np.zeros((n_in, n_out), np.float32)
     w[mask] = rng.standard_normal(int(mask.sum())).astype(np.float32)
@@ -91,7 +100,8 @@ def test_panel_kernel_matches_the_dense_product(n_in, n_out, density):
     st = native.structure(idx, n_in, n_out, panels=True)
     plain = native.structure(idx, n_in, n_out, panels=False)
     # batches around the panel path's threshold (more tiles of up to 4 vectors than threads) at every width
-    for batch in (1, 33, 65, 127, 129, 200, 256, 257, 515):
+    pb = _panel_batch()
+    for batch in (1, 33, 65, 127, 129, 200, 257, pb - 4, pb, 2 * pb + 7):
         x = rng.standard_normal((batch, n_in)).astype(np.float32)
         want = x.astype(np.float64) @ w.astype(np.float64)
         bound = 1e-5 * (np.abs(x) @ np.abs(w)) + 1e-30
@@ -99,6 +109,11 @@ def test_panel_kernel_matches_the_dense_product(n_in, n_out, density):
             got = _product(lib, x, vals, st, n_in, n_out, graph)
             assert np.all(np.abs(got - want) <= bound), (batch, graph, np.abs(got - want).max())
         np.testing.assert_allclose(_product(lib, x, vals, plain, n_in, n_out), want, rtol=0, atol=float(bound.max()))
+    # the panel kernel ran at batch pb: there the op reads the section, so a bad panel column is refused
+    bad = st.copy()
+    bad[_base_len(len(idx), n_in, n_out) + 3 + int(st[_base_len(len(idx), n_in, n_out) + 2]) * n_out + 1] = n_in
+    with pytest.raises(tf.errors.InvalidArgumentError, match="panel section"):
+        _product(lib, np.ones((pb, n_in), np.float32), vals, bad, n_in, n_out)
 
 
 def _corrupt(st: np.ndarray, nnz: int, n_in: int, n_out: int):
@@ -129,7 +144,7 @@ def test_a_corrupt_panel_section_is_refused():
     vals = np.ones(nnz, np.float32)
     good = native.structure(idx, n_in, n_out)
     assert len(good) > _base_len(nnz, n_in, n_out)
-    x = np.ones((256, n_in), np.float32)
+    x = np.ones((_panel_batch(), n_in), np.float32)
     for what, change, message in _corrupt(good, nnz, n_in, n_out):
         bad = good.copy()
         if change is None:
