@@ -291,6 +291,15 @@ void TransposeTile(const float* x, int64_t b0, int64_t tb, int64_t n_cols, int64
   }
 }
 
+// The transposed tile of x's batch rows [b0, b0 + tb) for a tile of W rows: `shared` when the caller
+// transposed it already (TiledGather, for several row ranges at once), else this thread's own buffer.
+inline const float* TileBuffer(const float* x, int64_t b0, int64_t tb, int64_t n_cols, int64_t W, const float* shared) {
+  if (shared != nullptr) return shared;
+  float* own = Scratch(0, n_cols * W);
+  TransposeTile(x, b0, tb, n_cols, W, 0, n_cols, own);
+  return own;
+}
+
 // Tile of NV vectors of batch rows [b0, b0 + tb), output rows [r0, r1):
 // y[b, r] = sum_k vals[k] * x[b, cols[k]] over row r of the matrix. shared: x's tile
 // already transposed (by TiledGather, for several row ranges at once), else nullptr.
@@ -300,12 +309,7 @@ void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* val
   constexpr int64_t W = NV * kLanes;
   constexpr int64_t kRowBlock = 64;
   const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
-  const float* buf = shared;
-  if (buf == nullptr) {
-    float* own = Scratch(0, n_cols * W);
-    TransposeTile(x, b0, tb, n_cols, W, 0, n_cols, own);
-    buf = own;
-  }
+  const float* buf = TileBuffer(x, b0, tb, n_cols, W, shared);
   float* obuf = Scratch(1, kRowBlock * W);
   const int64_t last = m.rp[m.n_rows] - 1;  // the last entry: prefetches never read perm past it
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
@@ -469,12 +473,7 @@ void PanelTile(const float* x, int64_t b0, int64_t tb, const Csr& m, const Panel
   constexpr int64_t W = NV * kLanes;
   constexpr int64_t kRowBlock = 64;
   const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
-  const float* buf = shared;
-  if (buf == nullptr) {
-    float* own = Scratch(0, n_cols * W);
-    TransposeTile(x, b0, tb, n_cols, W, 0, n_cols, own);
-    buf = own;
-  }
+  const float* buf = TileBuffer(x, b0, tb, n_cols, W, shared);
   const int64_t chunk = std::max<int64_t>(kRowBlock, kPanelOutBytes / (W * 4) / kRowBlock * kRowBlock);
   float* obuf = Scratch(1, std::min(chunk, r1 - r0) * W);
   const float* __restrict vals = pn.vals;
