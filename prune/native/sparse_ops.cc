@@ -291,6 +291,38 @@ void TransposeTile(const float* x, int64_t b0, int64_t tb, int64_t n_cols, int64
   }
 }
 
+// a[q] (+ b[q]) += sum over entries [k, e) of value_k * buf[cols[k] * W + q lanes]: two entries at a time into
+// the two accumulator sets, so that the FMAs do not chain. value_k is vals[k], or vals[perm[k]] when kPerm, then
+// prefetched kPrefetchAhead entries ahead (never past entry `last`).
+template <int NV, bool kPerm>
+inline void AddEntries(const float* buf, const int32_t* cols, const int32_t* perm, const float* vals, int64_t k,
+                       int64_t e, int64_t last, vec* a, vec* b) {
+  constexpr int64_t W = NV * kLanes;
+  auto value = [&](int64_t j) { return kPerm ? vals[static_cast<uint32_t>(perm[j])] : vals[j]; };
+  for (; k + 1 < e; k += 2) {
+    // A prefetch never faults, so its target needs no range check (perm is checked before use).
+    if (kPerm) __builtin_prefetch(vals + static_cast<uint32_t>(perm[std::min(k + kPrefetchAhead, last)]));
+    const float v0 = value(k), v1 = value(k + 1);
+    const vec* p0 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k]) * W);
+    const vec* p1 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k + 1]) * W);
+    for (int q = 0; q < NV; ++q) { a[q] += v0 * p0[q]; b[q] += v1 * p1[q]; }
+  }
+  if (k < e) {
+    const float v0 = value(k);
+    const vec* p0 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k]) * W);
+    for (int q = 0; q < NV; ++q) a[q] += v0 * p0[q];
+  }
+}
+
+// y[b0 + q, r] = ob[(r - rb) * W + q] for q < tb and output rows [rb, re) (at most 64, so ob stays in L1).
+inline void StoreRows(const float* ob, int64_t W, int64_t rb, int64_t re, int64_t b0, int64_t tb, int64_t n_rows,
+                      float* y) {
+  for (int64_t q0 = 0; q0 < tb; q0 += 8)
+    for (int64_t r = rb; r < re; r += 8)
+      Transpose8(ob + (r - rb) * W + q0, W, y + (b0 + q0) * n_rows + r, n_rows, std::min<int64_t>(8, re - r),
+                 std::min<int64_t>(8, tb - q0));
+}
+
 // The transposed tile of x's batch rows [b0, b0 + tb) for a tile of W rows: `shared` when the caller
 // transposed it already (TiledGather, for several row ranges at once), else this thread's own buffer.
 inline const float* TileBuffer(const float* x, int64_t b0, int64_t tb, int64_t n_cols, int64_t W, const float* shared) {
@@ -317,28 +349,12 @@ void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* val
     for (int64_t r = rb; r < re; ++r) {
       vec a[NV], b[NV];
       for (int q = 0; q < NV; ++q) a[q] = b[q] = vec{};
-      int64_t k = m.rp[r];
-      const int64_t e = products ? m.rp[r + 1] : k;  // !products: the transposes alone (profile 3)
-      for (; k + 1 < e; k += 2) {
-        // A prefetch never faults, so its target needs no range check (perm is checked before use).
-        if (kPerm) __builtin_prefetch(vals + static_cast<uint32_t>(m.perm[std::min(k + kPrefetchAhead, last)]));
-        const float v0 = Value<kPerm>(m, vals, k), v1 = Value<kPerm>(m, vals, k + 1);
-        const vec* p0 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(m.cols[k]) * W);
-        const vec* p1 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(m.cols[k + 1]) * W);
-        for (int q = 0; q < NV; ++q) { a[q] += v0 * p0[q]; b[q] += v1 * p1[q]; }
-      }
-      if (k < e) {
-        const float v0 = Value<kPerm>(m, vals, k);
-        const vec* p0 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(m.cols[k]) * W);
-        for (int q = 0; q < NV; ++q) a[q] += v0 * p0[q];
-      }
+      const int64_t k = m.rp[r], e = products ? m.rp[r + 1] : k;  // !products: the transposes alone (profile 3)
+      AddEntries<NV, kPerm>(buf, m.cols, m.perm, vals, k, e, last, a, b);
       vec* o = reinterpret_cast<vec*>(obuf + (r - rb) * W);
       for (int q = 0; q < NV; ++q) o[q] = a[q] + b[q];
     }
-    for (int64_t q0 = 0; q0 < tb; q0 += 8)  // y[b0 + q, r] = obuf[(r - rb) * W + q]
-      for (int64_t r = rb; r < re; r += 8)
-        Transpose8(obuf + (r - rb) * W + q0, W, y + (b0 + q0) * n_rows + r, n_rows, std::min<int64_t>(8, re - r),
-                   std::min<int64_t>(8, tb - q0));
+    StoreRows(obuf, W, rb, re, b0, tb, n_rows, y);
   }
 }
 
@@ -405,7 +421,7 @@ inline bool AllBelow(const int32_t* p, int64_t n, int64_t lim) {
 // row's W accumulators are loaded from and stored to an L2-resident output buffer once per (panel, row)
 // segment rather than 4 x 64 B being pulled from L2 per entry. The order is the structure's panel section
 // (prune.native.structure builds it with the rest of the structure, when the structure changes); each call
-// gathers the values into that order (GatherPanelValues), as the plain tiled path gathers them into W^T's.
+// gathers the values into that order (GatherValues), as the plain tiled path gathers them into W^T's.
 // Building the order per call instead, or keeping it in the op and comparing the structure and values byte for
 // byte on every call, cost about as much as the multiply-adds it saved (1024 x 1024, 90%, batch 256).
 //
@@ -421,7 +437,7 @@ struct Panels {
   const int32_t* starts = nullptr;  // [count * n_rows + 1]: segment (p, r) = [starts[p n_rows + r], starts[p n_rows + r + 1])
   const int32_t* cols = nullptr;    // [nnz], panel by panel, row by row, as in M within each row
   const int32_t* perm = nullptr;    // [nnz]: the position in `values` of each
-  const float* vals = nullptr;      // [nnz]: the values in this order (GatherPanelValues, per call)
+  const float* vals = nullptr;      // [nnz]: the values in this order (GatherValues, per call)
 };
 
 // Whether a tile of w batch rows runs on the structure's panels: a panel's part of the tile must fit kPanelBytes.
@@ -435,31 +451,39 @@ inline bool UsePanels(const Panels& pn, int64_t w) { return pn.count >= 2 && pn.
 // W^T's entries panel by panel (inputs [p width, (p + 1) width)), output row by output row, each row's in W^T's
 // order: segment (p, r) is [starts[p n_out + r], starts[p n_out + r + 1]), pcols its inputs, pperm the position
 // in `values` of each entry. UnpackPanels checks the header and the starts; the columns and permutation are
-// checked in the value gather that every call runs before the tiles (GatherPanelValues).
+// checked in the value gather that every call runs before the tiles (GatherValues).
 constexpr int32_t kPanelMagic = 0x6c6e5031;  // "1Pnl"
 
-// dst[d] = values[pperm[d]] for d < nnz: the values in panel order. Each panel's entries come from one
-// contiguous stretch of `values` (W's rows [p width, (p + 1) width): 52 KB at 1024 x 1024 and 90%, 840 KB at
-// 4096 x 4096), read through pperm with a prefetch ahead (16-wide AVX-512 gathers without it measured slower
-// at 4096 x 4096). pperm and pcols are checked first (a vectorised max per array, AllBelow).
-bool GatherPanelValues(OpKernelContext* ctx, const Panels& pn, const float* values, int64_t nnz, int64_t n_in,
-                       float* dst_out) {
+// dst[k] = values[perm[k]] for k < nnz: the values in the order of the columns `cols`, W^T's (the plain tiled
+// path) or the panel section's. Every permutation entry (< nnz) and column (< n_cols) is checked as it is read
+// (branch-free, clamped reads) rather than in a pass of its own: at 4096x4096 that pass re-read 13 MB per call.
+// Returns false on an out-of-range entry. The reads land anywhere in `values` (W^T's order) or within one
+// panel's stretch of it (840 KB at 4096 x 4096, 90%), so each is prefetched ahead; 16-wide AVX-512 gathers in
+// place of the prefetched loop measured slower at 4096 x 4096.
+bool GatherValues(OpKernelContext* ctx, const int32_t* perm_in, const int32_t* cols_in, int64_t n_cols,
+                  const float* values, int64_t nnz, float* dst_out) {
   const int64_t units = std::min<int64_t>(NumThreads(ctx), (nnz + 32767) / 32768);
   const int64_t per = (nnz + units - 1) / units;
   std::atomic<bool> bad_any{false};
   Parallel(ctx, units, [&](int64_t u) {
-    const int64_t d0 = std::min(nnz, u * per), e = std::min(nnz, d0 + per);
-    if (!AllBelow(pn.perm + d0, e - d0, nnz) || !AllBelow(pn.cols + d0, e - d0, n_in)) {
-      bad_any = true;
-      return;
-    }
-    const int32_t* __restrict perm = pn.perm;  // in locals: see the value gather in PruneSpmmOp
+    // Pointers in locals: read through the closure, they were reloaded after every store to dst, which
+    // chained each (mostly L2-missing) value load to the previous one: 29% of the op's cycles at 4096x4096,
+    // 90%, batch 256.
+    const int32_t* __restrict perm = perm_in;
+    const int32_t* __restrict cols = cols_in;
     const float* __restrict src = values;
     float* __restrict dst = dst_out;
-    for (int64_t d = d0; d < e; ++d) {
-      __builtin_prefetch(src + static_cast<uint32_t>(perm[std::min(d + kPrefetchAhead, e - 1)]));
-      dst[d] = src[static_cast<uint32_t>(perm[d])];
+    const uint32_t lim = static_cast<uint32_t>(nnz), col_lim = static_cast<uint32_t>(n_cols);
+    uint32_t bad = 0;
+    const int64_t e = std::min(nnz, (u + 1) * per);
+    for (int64_t k = u * per; k < e; ++k) {
+      // A prefetch never faults: the entry ahead needs no check (it gets its own when its turn comes).
+      __builtin_prefetch(src + static_cast<uint32_t>(perm[std::min(k + kPrefetchAhead, e - 1)]));
+      const uint32_t q = static_cast<uint32_t>(perm[k]);
+      bad |= (q >= lim) | (static_cast<uint32_t>(cols[k]) >= col_lim);
+      dst[k] = src[q < lim ? q : 0];
     }
+    if (bad) bad_any = true;
   });
   return !bad_any;
 }
@@ -492,27 +516,12 @@ void PanelTile(const float* x, int64_t b0, int64_t tb, const Csr& m, const Panel
           a[q] = p == 0 ? vec{} : o[q];
           b[q] = vec{};
         }
-        for (; k + 1 < e; k += 2) {
-          const float v0 = vals[k], v1 = vals[k + 1];
-          const vec* p0 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k]) * W);
-          const vec* p1 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k + 1]) * W);
-          for (int q = 0; q < NV; ++q) { a[q] += v0 * p0[q]; b[q] += v1 * p1[q]; }
-        }
-        if (k < e) {
-          const float v0 = vals[k];
-          const vec* p0 = reinterpret_cast<const vec*>(buf + static_cast<uint32_t>(cols[k]) * W);
-          for (int q = 0; q < NV; ++q) a[q] += v0 * p0[q];
-        }
+        AddEntries<NV, false>(buf, cols, nullptr, vals, k, e, 0, a, b);
         for (int q = 0; q < NV; ++q) o[q] = a[q] + b[q];
       }
     }
-    for (int64_t rb = c0; rb < c1; rb += kRowBlock) {  // y[b0 + q, r] = obuf[(r - c0) * W + q], 64 rows at a time
-      const int64_t re = std::min(c1, rb + kRowBlock);
-      for (int64_t q0 = 0; q0 < tb; q0 += 8)
-        for (int64_t r = rb; r < re; r += 8)
-          Transpose8(obuf + (r - c0) * W + q0, W, y + (b0 + q0) * n_rows + r, n_rows, std::min<int64_t>(8, re - r),
-                     std::min<int64_t>(8, tb - q0));
-    }
+    for (int64_t rb = c0; rb < c1; rb += kRowBlock)  // 64 rows at a time
+      StoreRows(obuf + (rb - c0) * W, W, rb, std::min(c1, rb + kRowBlock), b0, tb, n_rows, y);
   }
 }
 
@@ -948,43 +957,18 @@ class PruneSpmmOp : public OpKernel {
         // More tiles than threads: gather the values into W^T order once (each
         // tile would otherwise repeat the indirect reads), then the tiles; on panels
         // when the segments are long enough (UsePanels), gathered into the panel order.
+        float* tv = Scratch(2, nnz);
         if (on_panels) {
-          float* pv = Scratch(2, nnz);
-          OP_REQUIRES(ctx, GatherPanelValues(ctx, panels, values, nnz, n_in_, pv),
+          OP_REQUIRES(ctx, GatherValues(ctx, panels.perm, panels.cols, n_in_, values, nnz, tv),
                       errors::InvalidArgument("structure holds an out-of-range column or permutation entry in its "
                                               "panel section"));
-          panels.vals = pv;
+          panels.vals = tv;
           if (profile_ != 2) TiledGather<false>(ctx, x, batch, wt, values, y, profile_ != 3, &panels);
           break;
         }
-        float* tv = Scratch(2, nnz);
-        const int64_t units = std::min<int64_t>(NumThreads(ctx), (nnz + 32767) / 32768);
-        const int64_t per = (nnz + units - 1) / units;
-        std::atomic<bool> gather_bad{false};
-        Parallel(ctx, units, [&](int64_t u) {
-          // Pointers in locals: read through the closure, they were reloaded after every
-          // store to tv, which chained each (mostly L2-missing) value load to the previous
-          // one: 29% of the op's cycles at 4096x4096, 90%, batch 256.
-          // The columns and permutation are checked here (branch-free, clamped reads), not
-          // in a pass of their own: at 4096x4096 that pass re-read 13 MB per call.
-          const int32_t* __restrict perm = wt.perm;
-          const int32_t* __restrict cols = wt.cols;
-          const float* __restrict src = values;
-          float* __restrict dst = tv;
-          const uint32_t lim = static_cast<uint32_t>(nnz), col_lim = static_cast<uint32_t>(n_in_);
-          uint32_t bad = 0;
-          const int64_t e = std::min(nnz, (u + 1) * per);
-          for (int64_t k = u * per; k < e; ++k) {
-            // A prefetch never faults: the entry ahead needs no check (it gets its own when its turn comes).
-            __builtin_prefetch(src + static_cast<uint32_t>(perm[std::min(k + kPrefetchAhead, e - 1)]));
-            const uint32_t p = static_cast<uint32_t>(perm[k]);
-            bad |= (p >= lim) | (static_cast<uint32_t>(cols[k]) >= col_lim);
-            dst[k] = src[p < lim ? p : 0];
-          }
-          if (bad) gather_bad = true;
-        });
-        OP_REQUIRES(ctx, !gather_bad, errors::InvalidArgument("structure holds an out-of-range column or permutation "
-                                                              "entry in W^T's rows"));
+        OP_REQUIRES(ctx, GatherValues(ctx, wt.perm, wt.cols, n_in_, values, nnz, tv),
+                    errors::InvalidArgument("structure holds an out-of-range column or permutation entry in W^T's "
+                                            "rows"));
         if (profile_ != 2) TiledGather<false>(ctx, x, batch, wt, tv, y, profile_ != 3);
         break;
       }
