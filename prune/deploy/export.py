@@ -88,7 +88,7 @@ def to_tflite(model: Any, *, sparsity: bool = True, int8: bool = False) -> bytes
         return converter.convert()
 
 
-def tflite_interpreter(content: bytes, *, default_delegates: bool = True) -> Any:
+def tflite_interpreter(content: bytes, *, default_delegates: bool = True, num_threads: int | None = None) -> Any:
     """An interpreter for ``content``, tensors allocated.
 
     ``ai_edge_litert``'s (LiteRT, the supported runtime) when it is
@@ -99,14 +99,23 @@ def tflite_interpreter(content: bytes, *, default_delegates: bool = True) -> Any
         content: A flatbuffer, e.g. from :func:`to_tflite`.
         default_delegates: Apply the default delegates (XNNPACK). ``False``
             runs the built-in kernels only, which int8 + sparse models need.
+        num_threads: The interpreter's threads; ``None`` leaves LiteRT's
+            default.
+
+    Raises:
+        ValueError: ``num_threads`` is not a positive integer or ``None``.
     """
+    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
+        raise ValueError(f"num_threads must be a positive integer or None, got {num_threads!r}")
     try:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError:
         import tensorflow as tf
 
         Interpreter, OpResolverType = tf.lite.Interpreter, tf.lite.experimental.OpResolverType
-    kwargs = {} if default_delegates else {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
+    kwargs: dict[str, Any] = {} if default_delegates else {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
+    if num_threads is not None:
+        kwargs["num_threads"] = num_threads
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"(?s).*tf\.lite\.Interpreter is deprecated")
         interpreter = Interpreter(model_content=content, **kwargs)

@@ -64,6 +64,22 @@ def test_tflite_round_trip(models, form):
         assert len(content) < len(export.to_tflite(model, sparsity=False)) / 2  # stored in TFLite's sparse format
 
 
+def test_tflite_interpreter_takes_a_thread_count_and_names_a_bad_one(models):
+    content = export.to_tflite(models["stripped"], sparsity=False)
+    x = X
+    want = export.run_tflite(content, x)
+    interpreter = export.tflite_interpreter(content, num_threads=2)
+    index = interpreter.get_input_details()[0]["index"]
+    interpreter.resize_tensor_input(index, x.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(index, x)
+    interpreter.invoke()
+    np.testing.assert_array_equal(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]), want)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=rf"num_threads must be a positive integer or None, got {bad!r}"):
+            export.tflite_interpreter(content, num_threads=bad)
+
+
 def test_tflite_int8_and_sparse_runs_without_default_delegates(models):
     model = models["stripped"]
     content = export.to_tflite(model, int8=True)
