@@ -28,16 +28,30 @@ block patterns need 2-D weights).
 
 Latency is timed on the seed-0 run of each cell (the deployed structure is
 the same shape for every seed; the accuracy is the mean over seeds with its
-95% t interval, from the runs tables). One ``tf.function`` per model, a forward
-pass on test images, every model timed once per round in a shuffled order,
-``--reps`` calls per timing, median over ``--rounds`` rounds. TensorFlow's
-thread counts are fixed (``--threads``, inter-op 1) and written to the table.
+95% t interval, from the runs tables), three ways (:data:`RUNTIMES`): the
+deployed Keras model in one ``tf.function``, and the same weights in LiteRT's
+interpreter, dense and in LiteRT's sparse weight format, each checked against
+the TF model's output first. Under ``benchmarks/protocol.py``: a busy machine
+is refused, the CPU, load and dense GEMM head ``latency.md``, every (model,
+runtime, batch) point is timed once per round in a fresh random order for at
+least ``--min-ms``, medians with min-max over ``--rounds`` rounds. TensorFlow's
+intra-op threads and LiteRT's threads are the same (``--threads``, default the
+usable cores; inter-op 1) and written to the table.
+
+The trained weights (``checkpoint.weights.h5``) are not committed. Retrain the
+seed-0 runs into a scratch root and point ``--checkpoints`` at it: a copy of
+each sweep file with ``seeds = [0]`` (and, for the methods sweep,
+``methods = ["gmp"]``) gives the same run ids, and the runs reproduce the
+committed accuracies (all 35 did, bit for bit, on 2026-12-02):
+
+    .venv/bin/python -m experiments run COPY.toml --workers 2 --results /tmp/retrain   # for each sweep
+    .venv/bin/python benchmarks/deployed_latency.py --checkpoints /tmp/retrain
 
     .venv/bin/python benchmarks/deployed_latency.py                 # times, writes the table and the figure
     .venv/bin/python benchmarks/deployed_latency.py --study lenet5  # LeNet-5's sweeps
     .venv/bin/python benchmarks/deployed_latency.py --figure-only   # redraws the figures from the table
 
-Writes ``results/fmnist_<model>/latency.csv``, then redraws that sweep's
+Writes ``results/fmnist_<model>/latency.csv`` and ``latency.md``, then redraws that sweep's
 figures (``python -m experiments figures``), which draw
 ``accuracy_vs_latency.{png,pdf}`` from it.
 """
@@ -68,8 +82,14 @@ STUDIES = {
 """Each study's sweeps by role; ``methods`` names the study's folder, where ``latency.csv`` goes. LeNet-5's
 methods sweep has one sparsity (90 %); ``gmp`` and ``small_sizes`` add the others."""
 BATCHES = (1, 256)
-COLUMNS = ["family", "target_sparsity", "run_id", "weights", "batch", "latency_ms", "rounds", "reps", "kernel",
-           "accuracy", "accuracy_low", "accuracy_high", "seeds", "intra_op_threads", "inter_op_threads", "cpu_model",
+RUNTIMES = ("tf", "litert", "litert_sparse")
+"""Each model is timed three ways: as deployed in a ``tf.function`` (``tf``), and in LiteRT's interpreter, where a
+user deploys at batch 1, from the same weights as a dense flatbuffer (``litert``: ``prune.export.to_tflite(plain,
+sparsity=False)``) and with LiteRT's sparse weight format (``litert_sparse``: ``sparsity=True``; pruned models only)."""
+COLUMNS = ["family", "target_sparsity", "run_id", "weights", "batch", "latency_ms", "latency_low_ms",
+           "latency_high_ms", "litert_ms", "litert_low_ms", "litert_high_ms", "litert_sparse_ms",
+           "litert_sparse_low_ms", "litert_sparse_high_ms", "rounds", "min_ms", "kernel", "accuracy", "accuracy_low",
+           "accuracy_high", "seeds", "intra_op_threads", "inter_op_threads", "litert_threads", "cpu_model",
            "native_vector"]
 
 
@@ -107,8 +127,20 @@ def _sweep_runs(config: Path) -> dict:
     return {r.run_id: r for r in expand(load_sweep(config))}
 
 
-def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str):
-    """The deployed Keras model of one run, rebuilt from its config and checkpoint."""
+def _checkpoint(checkpoints: Path, sweep: str, run_id: str) -> Path:
+    """A run's trained weights, or a FileNotFoundError that says how to make them."""
+    path = checkpoints / sweep / "runs" / run_id / "checkpoint.weights.h5"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: the trained weights are not committed. Retrain seed 0 of "
+            f"experiments/configs/{sweep}.toml into a scratch root (python -m experiments run COPY.toml --results "
+            f"ROOT, COPY a copy with seeds = [0]) and pass --checkpoints ROOT")
+    return path
+
+
+def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str, checkpoints: Path | None = None):
+    """The deployed Keras model of one run, rebuilt from its config and checkpoint (under ``checkpoints``, else
+    ``results``)."""
     import keras
 
     import prune
@@ -117,15 +149,15 @@ def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str):
     from experiments.models import seeded_model
     from experiments.steps import steps_per_epoch
 
-    folder = results / sweep / "runs" / run_id
+    weights = str(_checkpoint(checkpoints or results, sweep, run_id))
     run = _sweep_runs(configs / f"{sweep}.toml")[run_id]
     data = load(run.dataset)
     plain, _ = seeded_model(run, data, keras)
     if run.implementation.name == "dense":
-        plain.load_weights(str(folder / "checkpoint.weights.h5"))
+        plain.load_weights(weights)
         return plain, data
     masked = masked_model(run, data, plain, steps_per_epoch(len(data.x_train), run.training.batch_size))
-    masked.load_weights(str(folder / "checkpoint.weights.h5"))
+    masked.load_weights(weights)
     if family == "channel":
         return prune.shrink(prune.strip_pruning(masked)), data
     return _sparse_deployed(masked, keras), data
@@ -173,84 +205,187 @@ def _kernel(model) -> str:
     return "SparseDense auto" if any(isinstance(layer, SparseDense) for layer in model.layers) else "Dense"
 
 
-def measure(args: argparse.Namespace) -> pd.DataFrame:
+def _plain(model, family: str):
+    """The model as plain Keras layers, for LiteRT: ``SparseDense`` back to ``Dense`` with its zeros."""
+    import prune
+
+    return model if family in ("dense", "small dense", "channel") else prune.strip_pruning(model)
+
+
+def _litert(content: bytes, x: np.ndarray, threads: int):
+    """A call of the flatbuffer ``content`` on the batch ``x`` in LiteRT, as a user deploys it: set the input,
+    invoke, read the output (one interpreter per batch size, resized and allocated once)."""
+    from prune.deploy.export import tflite_interpreter
+
+    interp = tflite_interpreter(content, num_threads=threads)
+    inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
+    interp.resize_tensor_input(inp["index"], x.shape)
+    interp.allocate_tensors()
+    x = np.ascontiguousarray(x, dtype=inp["dtype"])
+
+    def call():
+        interp.set_tensor(inp["index"], x)
+        interp.invoke()
+        return interp.get_tensor(out["index"])
+
+    return call
+
+
+def _litert_runtime() -> str:
+    """The interpreter the LiteRT columns ran in (``prune.export.tflite_interpreter``'s choice)."""
+    try:
+        import ai_edge_litert
+    except ImportError:
+        import tensorflow as tf
+
+        return f"tf.lite.Interpreter of TensorFlow {tf.__version__}; ai-edge-litert is not installed"
+    return f"ai-edge-litert {ai_edge_litert.__version__}"
+
+
+def measure(args: argparse.Namespace, threads: tuple[int, int]) -> pd.DataFrame:
+    """Every deployed model of the study, timed as ``tf``/``litert``/``litert_sparse`` at each batch, interleaved
+    (:func:`protocol.interleaved`: a fresh random order every round, each timing at least ``--min-ms``)."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.get_logger().setLevel("ERROR")
+    import protocol
     from experiments.provenance import cpu_model
     from experiments.stats import mean_ci
     from prune import native
+    from prune.deploy.export import to_tflite
 
     results, configs = Path(args.results), Path(args.configs)
+    checkpoints = Path(args.checkpoints) if args.checkpoints else None
     runs = _runs(results, args.study)
-    cells = []
+    cells, fns = [], {}
     for (family, cell), group in runs.groupby(["family", "cell"]):
         first = group.sort_values("seed").iloc[0]
         ci = mean_ci(group["test_accuracy"])
         try:
-            model, data = _model(results, configs, first["sweep"], first["run_id"], family)
+            model, data = _model(results, configs, first["sweep"], first["run_id"], family, checkpoints)
         except ValueError as e:  # prune.shrink refuses what it cannot remove exactly (LeNet-5's padding='same')
             if family != "channel":
                 raise
             print(f"skipped {family} {cell}: prune.shrink refuses it: {e}", flush=True)
             continue
+        key = (family, cell)
         fn = tf.function(lambda x, m=model: m(x, training=False), reduce_retracing=True)
-        inputs = {b: tf.constant(data.x_test[np.arange(b) % len(data.x_test)]) for b in BATCHES}
+        plain = _plain(model, family)
+        flat = {"litert": to_tflite(plain, sparsity=False)}
+        if family not in ("dense", "small dense", "channel"):
+            flat["litert_sparse"] = to_tflite(plain, sparsity=True)
         for b in BATCHES:
-            for _ in range(3):
-                np.asarray(fn(inputs[b]))
-        cells.append(dict(family=family, target_sparsity=float(first["target_sparsity"]), run_id=first["run_id"],
-                          weights=_weights(model), kernel=_kernel(model), accuracy=ci.mean, accuracy_low=ci.low,
-                          accuracy_high=ci.high, seeds=ci.n, fn=fn, inputs=inputs, times={b: [] for b in BATCHES}))
-        print(f"built {family:12s} {cell:>8s}: {cells[-1]['weights']:7d} weights, kernel {cells[-1]['kernel']}", flush=True)
-    rng = np.random.default_rng(0)
-    for r in range(args.rounds):
-        for i in rng.permutation(len(cells)):
-            c = cells[i]
-            for b in BATCHES:
-                t0 = time.perf_counter()
-                for _ in range(args.reps):
-                    np.asarray(c["fn"](c["inputs"][b]))
-                c["times"][b].append((time.perf_counter() - t0) / args.reps * 1000.0)
-        print(f"round {r + 1}/{args.rounds}", flush=True)
+            x = data.x_test[np.arange(b) % len(data.x_test)]
+            xt = tf.constant(x)
+            reference = np.asarray(fn(xt))
+            fns[key, "tf", b] = lambda f=fn, xt=xt: np.asarray(f(xt))
+            for runtime, content in flat.items():
+                call = _litert(content, x, threads[0])
+                got = call()
+                if not np.allclose(got, reference, rtol=1e-4, atol=1e-4):  # the same model, or the row means nothing
+                    raise RuntimeError(f"{family} {cell}: {runtime} differs from the TF model at batch {b} "
+                                       f"(max |diff| {np.max(np.abs(got - reference)):.3g})")
+                fns[key, runtime, b] = call
+        cells.append(dict(key=key, family=family, target_sparsity=float(first["target_sparsity"]),
+                          run_id=first["run_id"], weights=_weights(model), kernel=_kernel(model), accuracy=ci.mean,
+                          accuracy_low=ci.low, accuracy_high=ci.high, seeds=ci.n))
+        print(f"built {family:12s} {cell:>8s}: {cells[-1]['weights']:7d} weights, kernel {cells[-1]['kernel']}, "
+              f"LiteRT {', '.join(flat)}", flush=True)
+    print(f"timing {len(fns)} (model, runtime, batch) points over {args.rounds} rounds", flush=True)
+    times = protocol.interleaved(fns, args.rounds, args.min_ms)
     status = native.status()
     rows = []
     for c in cells:
         for b in BATCHES:
-            rows.append(dict(
-                family=c["family"], target_sparsity=c["target_sparsity"], run_id=c["run_id"], weights=c["weights"],
-                batch=b, latency_ms=float(np.median(c["times"][b])), rounds=args.rounds, reps=args.reps,
-                kernel=c["kernel"], accuracy=c["accuracy"], accuracy_low=c["accuracy_low"],
-                accuracy_high=c["accuracy_high"], seeds=c["seeds"],
-                intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads(),
-                inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads(),
-                cpu_model=cpu_model(), native_vector=getattr(status, "vector", "") or "",
-            ))
+            row = {k: v for k, v in c.items() if k != "key"}
+            row.update(batch=b, rounds=args.rounds, min_ms=args.min_ms, intra_op_threads=threads[0],
+                       inter_op_threads=threads[1], litert_threads=threads[0], cpu_model=cpu_model(),
+                       native_vector=getattr(status, "vector", "") or "")
+            for runtime in RUNTIMES:
+                got = times.get((c["key"], runtime, b))
+                name = "latency" if runtime == "tf" else runtime
+                row[f"{name}_ms"] = got.median if got else np.nan
+                row[f"{name}_low_ms"] = got.low if got else np.nan
+                row[f"{name}_high_ms"] = got.high if got else np.nan
+            rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def markdown(df: pd.DataFrame) -> str:
+    """The table as Markdown: one row per model and batch, each runtime's median (min-max) in ms, and the TF form
+    over LiteRT's dense interpreter of the same weights."""
+    def cell(r, name):
+        m = r[f"{name}_ms"]
+        return "-" if pd.isna(m) else f"{m:.3f} ({r[f'{name}_low_ms']:.3f}-{r[f'{name}_high_ms']:.3f})"
+
+    lines = ["| family | target | weights | accuracy % (95% CI) | batch | TF graph, ms | LiteRT dense, ms | "
+             "LiteRT sparse format, ms | TF / LiteRT dense |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in df.sort_values(["batch", "family", "weights"], ascending=[True, True, False]).to_dict("records"):
+        lines.append(f"| {r['family']} | {r['target_sparsity']:g} | {r['weights']} | {100 * r['accuracy']:.2f} "
+                     f"({100 * r['accuracy_low']:.2f}-{100 * r['accuracy_high']:.2f}, {r['seeds']} seeds) | {r['batch']} "
+                     f"| {cell(r, 'latency')} | {cell(r, 'litert')} | {cell(r, 'litert_sparse')} | "
+                     f"{r['latency_ms'] / r['litert_ms']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import protocol
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--min-ms", type=float, default=20.0, help="each timing calls the model for at least this long")
+    p.add_argument("--threads", type=int, default=0,
+                   help="TensorFlow's intra-op threads and LiteRT's threads (default: the usable cores)")
     p.add_argument("--study", choices=sorted(STUDIES), default="lenet300", help="the model whose sweeps are timed")
     p.add_argument("--figure-only", action="store_true", help="redraw the figures from the committed table")
     p.add_argument("--results", default=str(RESULTS), help="results root holding the study's sweeps")
     p.add_argument("--configs", default=str(ROOT / "experiments" / "configs"), help="folder of their sweep files")
+    p.add_argument("--checkpoints", default="", help="results root holding the runs' checkpoint.weights.h5 "
+                   "(default: --results)")
+    protocol.add_arguments(p)
     args = p.parse_args(argv)
-    for name in ("rounds", "reps", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.threads < 0:
+        p.error(f"--threads must be 0 (the usable cores) or more, got {args.threads}")
+    if not args.min_ms > 0:
+        p.error(f"--min-ms must be above 0, got {args.min_ms}")
     study = STUDIES[args.study]["methods"]
     table = Path(args.results) / study / "latency.csv"
     if not args.figure_only:
-        df = measure(args)
+        load = protocol.start_or_refuse(args)
+        if load is None:
+            return protocol.REFUSED
+        runs = _runs(Path(args.results), args.study)  # every checkpoint there before anything is timed or written
+        firsts = runs.sort_values("seed").groupby(["family", "cell"]).head(1)
+        try:
+            for r in firsts.itertuples():
+                _checkpoint(Path(args.checkpoints or args.results), r.sweep, r.run_id)
+        except FileNotFoundError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        threads = protocol.fix_tf_threads(args.threads or None)
+        gemm = protocol.dense_gemm_gflops()
+        mach = protocol.machine()
+        df = measure(args, threads)
+        load.stop()
+        head = protocol.header(
+            f"Deployed latency of the {args.study} study's models", mach, load, gemm,
+            f"TensorFlow intra_op={threads[0]}, inter_op={threads[1]}; LiteRT ({_litert_runtime()}) "
+            f"num_threads={threads[0]}, default delegates (XNNPACK)",
+            extra=[f"Seed 0 of each cell, rebuilt from its checkpoint; accuracy: mean over seeds with its 95% t "
+                   f"interval, from the runs tables. {args.rounds} interleaved rounds, each timing at least "
+                   f"{args.min_ms:g} ms of back-to-back calls; median (min-max) over rounds.",
+                   "TF graph: the deployed Keras model (SparseDense with matmul='auto' for pruned Dense layers) in a "
+                   "tf.function, input a constant, output read back. LiteRT: the same weights, stripped to plain "
+                   "layers, converted by prune.export.to_tflite (sparsity=False: dense; True: LiteRT's sparse weight "
+                   "format); a call sets the input, invokes and reads the output. Each LiteRT model's output was "
+                   "checked against the TF model's before timing."])
         table.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(table, index=False)
-        print(f"wrote {table}; intra_op_threads={args.threads}, inter_op_threads=1")
+        table.with_suffix(".md").write_text(head + "\n" + markdown(df))
+        print(head)
+        print(f"wrote {table} and {table.with_suffix('.md')}")
     from experiments.figures import draw_figures
 
     for path in draw_figures(study, results_root=args.results):  # the sweep's figures, accuracy_vs_latency among them

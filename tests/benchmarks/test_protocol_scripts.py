@@ -1,4 +1,4 @@
-"""fit_step.py, dst_update.py and runner_workers.py under benchmarks/protocol.py: each runs end to end on the
+"""fit_step.py, dst_update.py, runner_workers.py (and deployed_latency.py's refusal) under benchmarks/protocol.py: each runs end to end on the
 tiniest work it takes and heads its Markdown table with the protocol's lines (no timing asserted), keeps the
 columns other code reads, and refuses a machine kept busy by spinning processes (exit 3) before any work."""
 
@@ -101,9 +101,22 @@ def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path, busy_
         "fit_step.py": ["--rounds", "1", "--out", str(tmp_path / "fit_step.csv")],
         "dst_update.py": ["--rounds", "1", "--out", str(tmp_path / "dst_update.csv")],
         "runner_workers.py": ["--config", str(config), "--repeats", "1", "--out", str(tmp_path / "runner_workers.json")],
+        "deployed_latency.py": ["--rounds", "1", "--results", str(tmp_path / "results")],
     }
     for script, args in calls.items():
         proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)
         assert proc.returncode == 3, f"{script}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
         assert "refused: the machine is busy" in proc.stderr, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]  # no table written
+
+
+def test_deployed_latency_names_a_missing_checkpoint_before_any_work(tmp_path):
+    """The trained weights are not committed: without them the script says which file and how to make it, in one
+    line, and writes nothing (the committed table stays as it is)."""
+    table = ROOT / "results" / "fmnist_lenet300" / "latency.csv"
+    before = table.read_bytes()
+    proc = run("deployed_latency.py", "--checkpoints", str(tmp_path), "--allow-loaded", timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path}/fmnist_lenet300/") and "--checkpoints ROOT" in lines[0], lines
+    assert table.read_bytes() == before and list(tmp_path.iterdir()) == []

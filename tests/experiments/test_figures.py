@@ -405,3 +405,22 @@ def test_figures_takes_the_sweep_file_and_results_flag_as_run_does(tmp_path: Pat
     bad = tmp_path / "bad.toml"
     bad.write_text("name = 3\n")
     assert figures.main([str(bad), "--out", str(tmp_path / "bad")]) == 2 and not (tmp_path / "bad").exists()
+
+
+def test_accuracy_vs_latency_draws_a_row_of_panels_per_runtime_in_the_table():
+    """One panel per batch for the TF graph, and a second row for LiteRT when the table has its column."""
+    from experiments.plots.tradeoff import accuracy_vs_latency
+
+    rows = [dict(family=f, batch=b, latency_ms=0.5 * b ** 0.5, litert_ms=0.01 * b * (w // 100), accuracy=a, accuracy_low=a - 0.01,
+                 accuracy_high=a + 0.01, weights=w)
+            for f, a, w in (("dense", 0.88, 1000), ("unstructured", 0.89, 100)) for b in (1, 256)]
+    table = pd.DataFrame(rows)
+    both = accuracy_vs_latency(table)
+    assert [ax.get_title() for ax in both.axes] == ["TF graph, batch 1", "TF graph, batch 256", "LiteRT, batch 1",
+                                                    "LiteRT, batch 256"]
+    drawn = [list(c.lines[0].get_xdata()) for c in both.axes[3].containers]  # unstructured, then dense (FAMILY_STYLES' order)
+    assert drawn == [[2.56], [25.6]]  # batch 256, LiteRT's column
+    tf_only = accuracy_vs_latency(table.drop(columns="litert_ms"))
+    assert [ax.get_title() for ax in tf_only.axes] == ["TF graph, batch 1", "TF graph, batch 256"]
+    with pytest.raises(ValueError, match=r"lacks columns \['latency_ms'\]"):
+        accuracy_vs_latency(table.drop(columns="latency_ms"))

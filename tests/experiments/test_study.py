@@ -228,3 +228,29 @@ def test_deployed_sparse_form_is_sparse_only_where_pruned_and_computes_the_same_
     assert deployed_latency._weights(deployed) == 9 + 768 + 60  # conv 36/4, dense_0 3,072/4, dense_1 all 60
     x = np.random.default_rng(0).standard_normal((3, 8, 8, 1)).astype("float32")
     np.testing.assert_allclose(np.asarray(deployed(x)), np.asarray(masked(x)), rtol=1e-5, atol=1e-6)
+    # the LiteRT forms the script times beside it: the same weights, plain layers, the same function
+    plain_form = deployed_latency._plain(deployed, "unstructured")
+    assert [type(layer).__name__ for layer in plain_form.layers] == ["Conv2D", "Flatten", "Dense", "Dense"]
+    for sparsity in (False, True):
+        call = deployed_latency._litert(prune.export.to_tflite(plain_form, sparsity=sparsity), x, 1)
+        np.testing.assert_allclose(call(), np.asarray(masked(x)), rtol=1e-5, atol=1e-6)
+    assert deployed_latency._plain(plain, "dense") is plain  # dense, small dense and shrunk models are plain already
+
+
+def test_deployed_latency_markdown_gives_each_runtime_its_spread_and_the_ratio_to_litert():
+    import sys
+
+    import pandas as pd
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import deployed_latency
+
+    row = dict(family="unstructured", target_sparsity=0.9, run_id="masked-x", weights=26520, batch=1,
+               latency_ms=0.5, latency_low_ms=0.4, latency_high_ms=0.75, litert_ms=0.02, litert_low_ms=0.019,
+               litert_high_ms=0.03, litert_sparse_ms=np.nan, litert_sparse_low_ms=np.nan, litert_sparse_high_ms=np.nan,
+               rounds=15, min_ms=20.0, kernel="SparseDense auto", accuracy=0.8812, accuracy_low=0.875,
+               accuracy_high=0.8874, seeds=5, intra_op_threads=2, inter_op_threads=1, litert_threads=2,
+               cpu_model="cpu", native_vector="avx2")
+    text = deployed_latency.markdown(pd.DataFrame([row], columns=deployed_latency.COLUMNS))
+    assert text.splitlines()[2] == ("| unstructured | 0.9 | 26520 | 88.12 (87.50-88.74, 5 seeds) | 1 | 0.500 (0.400-0.750) "
+                                    "| 0.020 (0.019-0.030) | - | 25.00x |")
