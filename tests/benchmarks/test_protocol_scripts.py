@@ -102,6 +102,7 @@ def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path, busy_
         "dst_update.py": ["--rounds", "1", "--out", str(tmp_path / "dst_update.csv")],
         "runner_workers.py": ["--config", str(config), "--repeats", "1", "--out", str(tmp_path / "runner_workers.json")],
         "deployed_latency.py": ["--rounds", "1", "--results", str(tmp_path / "results")],
+        "loop_limit.py": ["--out", str(tmp_path / "loop_limit.csv")],
     }
     for script, args in calls.items():
         proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)
