@@ -13,8 +13,10 @@ assuming it:
 * ``l2``: the same loop over a 1024-column tile (256 KB, in L2), as the plain tiled path runs it.
 
 From these and the dense GEMM measured in the same run it writes, per target, the time the multiply-adds alone
-would take at the loop's rate (``nnz * batch`` multiply-adds over the cores), and so the best "x dense" the loop
-allows, beside what the op and the layer reach in the committed tables. Under ``benchmarks/protocol.py``.
+would take at the rate of the loop the op runs for that layer (the panel loop where the layer's panel segments hold
+at least ``prune.native.PANEL_MIN_SEGMENT`` entries, else the plain tiled loop on an L2 tile), and so the best
+"x dense" that loop allows. ``docs/kernels.md`` sets these beside what the op and the layer reach in the committed
+tables. Under ``benchmarks/protocol.py``.
 
     .venv/bin/python benchmarks/loop_limit.py            # writes results/benchmarks/loop_limit.{csv,md}
 """
@@ -39,7 +41,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import protocol  # noqa: E402
 
 SOURCE = Path(__file__).with_name("loop_limit.cc")
-PANEL_WIDTH = 128  # prune.native's panel width (columns per panel)
+from prune.native import PANEL_MIN_SEGMENT, PANEL_WIDTH  # noqa: E402  (the op's own panel constants)
+
+PANEL_OUT_BYTES = 256 << 10  # sparse_ops.cc's kPanelOutBytes: the output accumulators one pass over the panels keeps
+TILE_LANES = 64  # the harness's tile: AddEntries<4, false> at 16 lanes (AVX-512); fewer lanes make it narrower
 TARGETS = (
     # (name, n_in, n_out, batch, sparsity, target x dense)
     ("1024x1024, batch 256, 90%", 1024, 1024, 256, 0.90, 3.0),
@@ -101,6 +106,18 @@ def segment(n_in: int, sparsity: float) -> int:
     return max(1, round(min(PANEL_WIDTH, n_in) * (1.0 - sparsity)))
 
 
+def op_loop(n_in: int, sparsity: float) -> tuple[str, int]:
+    """``(loop, entries per segment)`` of the loop the forward op runs at batch 256 for this layer.
+
+    The op runs its panels when a panel segment holds at least ``PANEL_MIN_SEGMENT`` entries
+    (:func:`prune.native.panels_pay`); else the plain tiled loop, whose segment is a whole output row.
+    """
+    seg = segment(n_in, sparsity)
+    if seg >= PANEL_MIN_SEGMENT:
+        return "panel", seg
+    return "l2", max(1, round(n_in * (1.0 - sparsity)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=0, help="harness threads and TF's intra-op threads (default: the usable cores)")
@@ -125,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(dict(loop="peak", n_cols=0, segment=0, rate=peak.median, rate_min=peak.low, rate_max=peak.high))
         for sparsity in (0.8, 0.9, 0.95, 0.99):
             seg = segment(1024, sparsity)
-            rows_per = max(64, 200_000 // (seg * 64))
+            rows_per = max(64, PANEL_OUT_BYTES // (TILE_LANES * 4))  # the op's chunk of output rows per pass
             got = run(exe, "entries", threads, max(1, 4_000_000 // (seg * rows_per)), PANEL_WIDTH, seg, rows_per)
             rows.append(dict(loop="panel", n_cols=PANEL_WIDTH, segment=seg, rate=got.median, rate_min=got.low,
                              rate_max=got.high))
@@ -134,27 +151,31 @@ def main(argv: list[str] | None = None) -> int:
             got = run(exe, "entries", threads, max(1, 4_000_000 // (seg * 1024)), 1024, seg, 1024)
             rows.append(dict(loop="l2", n_cols=1024, segment=seg, rate=got.median, rate_min=got.low, rate_max=got.high))
     load.stop()
-    df = pd.DataFrame(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
     dense_rate = gemm.median / 2  # GFLOPS / 2 = multiply-adds per ns, on all the cores
     lines = ["| loop | tile columns | entries per segment | multiply-adds per ns, all threads: median (min-max) | "
              "x dense GEMM's rate |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['loop']} | {r['n_cols'] or '-'} | {r['segment'] or '-'} | {r['rate']:.1f} "
                      f"({r['rate_min']:.1f}-{r['rate_max']:.1f}) | {r['rate'] / dense_rate:.2f} |")
-    lines += ["", "| target | multiply-adds | at the panel loop's rate, ms | dense at the calibration's rate, ms | "
-              "best x dense the loop allows | target |", "|---|---|---|---|---|---|"]
-    panel = {r["segment"]: r["rate"] for r in rows if r["loop"] == "panel"}
+    lines += ["", "| target | loop the op runs | entries per segment | multiply-adds | at that loop's rate, ms | "
+              "dense at the calibration's rate, ms | best x dense the loop allows | target |",
+              "|---|---|---|---|---|---|---|---|"]
+    measured = {(r["loop"], r["segment"]): r["rate"] for r in rows}
+    targets = []
     for name, n_in, n_out, batch, sparsity, target in TARGETS:
         macs = n_in * n_out * (1.0 - sparsity) * batch
-        seg = segment(n_in, sparsity)
-        rate = panel.get(seg) or min(panel.values(), key=lambda v: v)
-        t_loop = macs / rate / 1e6
+        loop, seg = op_loop(n_in, sparsity)
+        if (loop, seg) not in measured:
+            raise RuntimeError(f"target {name!r} needs the {loop} loop at {seg} entries per segment, which this run "
+                               f"did not measure (measured: {sorted(measured)})")
+        t_loop = macs / measured[(loop, seg)] / 1e6
         t_dense = n_in * n_out * batch / dense_rate / 1e6
-        lines.append(f"| {name} | {macs / 1e6:.1f} M | {t_loop:.3f} | {t_dense:.3f} | {t_dense / t_loop:.1f}x | "
-                     f"{target:g}x |")
+        targets.append(dict(target=name, loop=loop, segment=seg, macs=macs, loop_ms=t_loop, dense_ms=t_dense,
+                            limit=t_dense / t_loop, wanted=target))
+        lines.append(f"| {name} | {loop} | {seg} | {macs / 1e6:.1f} M | {t_loop:.3f} | {t_dense:.3f} | "
+                     f"{t_dense / t_loop:.1f}x | {target:g}x |")
     peak_rate = rows[0]["rate"]
     lines += ["", "| block target (1x16, 2x16; batch 256) | FLOP-proportional ideal | at the FMA peak, x dense | target |",
               "|---|---|---|---|"]
@@ -166,13 +187,20 @@ def main(argv: list[str] | None = None) -> int:
         f"harness: {threads} threads, each on its own data; TensorFlow intra_op={intra}, inter_op={inter} "
         "(the dense calibration only)",
         extra=["peak: 12 independent register FMAs per step, no loads. panel / l2: AddEntries<4, false> cut from "
-               "prune/native/sparse_ops.cc at this run, over segments of sorted random columns of a 64-lane tile "
+               f"prune/native/sparse_ops.cc at this run, over segments of sorted random columns of a {TILE_LANES}-lane tile "
                "of 128 (L1) or 1024 (L2) columns; accumulators loaded and stored once per segment, as PanelTile "
                "does. 7 rounds after a warm-up, median (min-max). A multiply-add is one lane of one FMA.",
-               "The targets table uses the panel loop's rate at the layer's segment length (1024 x 1024 and "
-               "4096 x 4096 both have 128 x density entries per segment): it bounds what the op can reach with "
-               "every other part (transposes, value gather, dispatch, TensorFlow) at zero."])
+               "The targets table uses the rate of the loop the op runs for that layer at batch 256: the panel loop "
+               f"at the layer's panel segment (128 x density entries) where that holds at least {PANEL_MIN_SEGMENT} "
+               "entries, else the plain tiled loop on an L2 tile at a whole output row's entries. It bounds what "
+               "the op can reach with every other part (transposes, value gather, dispatch, TensorFlow) at zero; "
+               "the harness keeps its entries in cache, so it says nothing of a layer whose entries stream from L3.",
+               f"GEMM columns of the CSV: the dense calibration, {gemm.median:.1f} GFLOPS (min {gemm.low:.1f}, "
+               f"max {gemm.high:.1f})."])
     out.with_suffix(".md").write_text(head + "\n" + "\n".join(lines) + "\n")
+    df = pd.DataFrame(rows).assign(gemm_gflops=gemm.median, gemm_gflops_low=gemm.low, gemm_gflops_high=gemm.high)
+    df.to_csv(out, index=False)  # after the table, so that a failure above leaves the committed pair as it was
+    pd.DataFrame(targets).to_csv(out.with_name(out.stem + "_targets.csv"), index=False)
     print(head + "\n" + "\n".join(lines))
     return 0
 
