@@ -47,8 +47,8 @@ committed accuracies (all 35 did, bit for bit, on 2026-12-02):
     .venv/bin/python -m experiments run COPY.toml --workers 2 --results /tmp/retrain   # for each sweep
     .venv/bin/python benchmarks/deployed_latency.py --checkpoints /tmp/retrain
 
-    .venv/bin/python benchmarks/deployed_latency.py                 # times, writes the table and the figure
-    .venv/bin/python benchmarks/deployed_latency.py --study lenet5  # LeNet-5's sweeps
+    .venv/bin/python benchmarks/deployed_latency.py --checkpoints /tmp/retrain                 # times, table, figure
+    .venv/bin/python benchmarks/deployed_latency.py --checkpoints /tmp/retrain --study lenet5  # LeNet-5's sweeps
     .venv/bin/python benchmarks/deployed_latency.py --figure-only   # redraws the figures from the table
 
 Writes ``results/fmnist_<model>/latency.csv`` and ``latency.md``, then redraws that sweep's
@@ -62,7 +62,6 @@ import argparse
 import functools
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -317,13 +316,16 @@ def markdown(df: pd.DataFrame) -> str:
         m = r[f"{name}_ms"]
         return "-" if pd.isna(m) else f"{m:.3f} ({r[f'{name}_low_ms']:.3f}-{r[f'{name}_high_ms']:.3f})"
 
+    def ratio(r: dict) -> str:
+        return "-" if pd.isna(r["latency_ms"]) or pd.isna(r["litert_ms"]) else f"{r['latency_ms'] / r['litert_ms']:.2f}x"
+
     lines = ["| family | target | weights | accuracy % (95% CI) | batch | TF graph, ms | LiteRT dense, ms | "
              "LiteRT sparse format, ms | TF / LiteRT dense |", "|---|---|---|---|---|---|---|---|---|"]
     for r in df.sort_values(["batch", "family", "weights"], ascending=[True, True, False]).to_dict("records"):
         lines.append(f"| {r['family']} | {r['target_sparsity']:g} | {r['weights']} | {100 * r['accuracy']:.2f} "
                      f"({100 * r['accuracy_low']:.2f}-{100 * r['accuracy_high']:.2f}, {r['seeds']} seeds) | {r['batch']} "
                      f"| {cell(r, 'latency')} | {cell(r, 'litert')} | {cell(r, 'litert_sparse')} | "
-                     f"{r['latency_ms'] / r['litert_ms']:.2f}x |")
+                     f"{ratio(r)} |")
     return "\n".join(lines) + "\n"
 
 

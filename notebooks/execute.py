@@ -40,8 +40,10 @@ INPUTS: dict[str, list[tuple[str, str]]] = {
         *(_sweep(f"fmnist_{name}") for name in ("lenet300", "lenet300_small_dense", "lenet300_patterns", "lenet300_imp",
                                                  "lenet5", "lenet5_small_dense", "lenet5_patterns", "lenet5_gmp",
                                                  "lenet5_small_dense_sizes")),
-        ("results/fmnist_lenet300/latency.csv", "python benchmarks/deployed_latency.py"),
-        ("results/fmnist_lenet5/latency.csv", "python benchmarks/deployed_latency.py --study lenet5"),
+        ("results/fmnist_lenet300/latency.csv", "python benchmarks/deployed_latency.py --checkpoints ROOT"),
+        ("results/fmnist_lenet300/history/2026-12-02-unsteady/latency.csv",
+         "python benchmarks/deployed_latency.py --checkpoints ROOT (an earlier run, kept)"),
+        ("results/fmnist_lenet5/latency.csv", "python benchmarks/deployed_latency.py --checkpoints ROOT --study lenet5"),
     ],
 }
 """Per notebook (by file stem), the tables it reads, relative to the repository, each with the command that

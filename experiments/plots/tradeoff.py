@@ -36,7 +36,7 @@ def accuracy_vs_latency(table: pd.DataFrame) -> Figure:
             with ``litert_ms``, a second row of panels for LiteRT).
 
     Raises:
-        ValueError: a required column is missing.
+        ValueError: a required column is missing, or the table has no rows or no timed latency at all.
     """
     need = {"family", "batch", "latency_ms", "accuracy", "accuracy_low", "accuracy_high", "weights"}
     missing = sorted(need - set(table.columns))
@@ -44,6 +44,9 @@ def accuracy_vs_latency(table: pd.DataFrame) -> Figure:
         raise ValueError(f"the latency table lacks columns {missing}")
     batches = sorted(table["batch"].unique())
     runtimes = [c for c in RUNTIMES if c in table.columns and table[c].notna().any()]
+    if not batches or not runtimes:
+        raise ValueError(f"the latency table has no timed latency to draw (rows: {len(table)}; every one of "
+                         f"{[c for c in RUNTIMES if c in table.columns]} is empty)")
     with use_style():
         fig = Figure(figsize=(3.4 * len(batches), 3.0 * len(runtimes)), layout="constrained")
         grid = fig.subplots(len(runtimes), len(batches), squeeze=False)

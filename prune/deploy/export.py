@@ -105,8 +105,12 @@ def tflite_interpreter(content: bytes, *, default_delegates: bool = True, num_th
     Raises:
         ValueError: ``num_threads`` is not a positive integer or ``None``.
     """
-    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
+    if num_threads is not None and (
+        isinstance(num_threads, (bool, np.bool_)) or not isinstance(num_threads, (int, np.integer)) or num_threads < 1
+    ):
         raise ValueError(f"num_threads must be a positive integer or None, got {num_threads!r}")
+    if num_threads is not None:
+        num_threads = int(num_threads)
     try:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError:

@@ -424,3 +424,5 @@ def test_accuracy_vs_latency_draws_a_row_of_panels_per_runtime_in_the_table():
     assert [ax.get_title() for ax in tf_only.axes] == ["TF graph, batch 1", "TF graph, batch 256"]
     with pytest.raises(ValueError, match=r"lacks columns \['latency_ms'\]"):
         accuracy_vs_latency(table.drop(columns="latency_ms"))
+    with pytest.raises(ValueError, match=r"no timed latency to draw \(rows: 4;"):
+        accuracy_vs_latency(table.assign(latency_ms=float("nan"), litert_ms=float("nan")))

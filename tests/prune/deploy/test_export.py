@@ -80,6 +80,24 @@ def test_tflite_interpreter_takes_a_thread_count_and_names_a_bad_one(models):
             export.tflite_interpreter(content, num_threads=bad)
 
 
+def test_tflite_interpreter_hands_its_thread_count_to_the_interpreter(models, monkeypatch):
+    """The outputs above cannot tell 2 threads from LiteRT's default: check what the interpreter is given."""
+    litert = pytest.importorskip("ai_edge_litert.interpreter")
+    content = export.to_tflite(models["stripped"], sparsity=False)
+    seen = []
+    real = litert.Interpreter
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("num_threads", "unset"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(litert, "Interpreter", recording)
+    export.tflite_interpreter(content, num_threads=2)
+    export.tflite_interpreter(content, num_threads=np.int64(3))
+    export.tflite_interpreter(content)
+    assert seen == [2, 3, "unset"] and type(seen[1]) is int
+
+
 def test_tflite_int8_and_sparse_runs_without_default_delegates(models):
     model = models["stripped"]
     content = export.to_tflite(model, int8=True)
