@@ -58,6 +58,21 @@ class SweepLock:
             return "an unknown process (the lock file is empty)"
         return f"pid {info.get('pid')} on host {info.get('host')} since {info.get('started_at')} ({info.get('command', '')})"
 
+    @classmethod
+    def _read_holder(cls, fd: int) -> dict[str, Any]:
+        """The content of a lock file another process holds, waiting up to 2 s for it to be written.
+
+        The holder writes its description right after taking the lock, so a reader that finds the lock held may
+        come between the two; it reads again until the description parses rather than report it as unknown
+        (seen in ``make test``: two runs started together, the loser named "an unknown process").
+        """
+        deadline = time.monotonic() + 2.0
+        while True:
+            info = cls._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+            if info or time.monotonic() > deadline:
+                return info
+            time.sleep(0.01)
+
     def holder(self) -> dict[str, Any] | None:
         """The live holder's description, or ``None`` if the folder is free (read-only check, for ``status``)."""
         try:
@@ -67,7 +82,7 @@ class SweepLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+            return self._read_holder(fd)
         except OSError:
             return None
         finally:
@@ -82,7 +97,7 @@ class SweepLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                info = self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+                info = self._read_holder(fd)
                 raise Locked(f"results folder {str(self.path.parent)!r} is in use by {self.describe(info)}") from None
             except OSError as e:
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
@@ -97,8 +112,9 @@ class SweepLock:
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "command": self.command[:300],
             }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+            data = (json.dumps(me) + "\n").encode()
+            os.pwrite(fd, data, 0)  # then cut what is left of the previous holder's: the file is never empty while held
+            os.ftruncate(fd, len(data))
             os.fsync(fd)
         except BaseException:
             os.close(fd)

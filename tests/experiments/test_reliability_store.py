@@ -285,3 +285,22 @@ def test_a_column_lost_from_rows_without_result_files_is_refused_naming_file_col
         with pytest.raises(TableError, match=rf"^{runs} lacks columns \['run_id', 'test_accuracy'\], so its rows cannot be "
                            "matched to their runs' result.json: put the column back, or move the file away"):
             Store(tmp_path, hand_made=hand_made).read()
+
+
+def test_a_loser_that_comes_before_the_holder_has_written_its_name_waits_for_it(tmp_path):
+    """The holder takes the flock, then writes its name: a run refused in between names it, not "unknown"."""
+    import fcntl
+    import threading
+
+    path = tmp_path / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, still empty
+        info = {"host": "h", "pid": 4242, "started_at": "t", "command": "c"}
+        late = threading.Timer(0.3, lambda: os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0))
+        late.start()
+        with pytest.raises(Locked, match=r"in use by pid 4242 on host h since t \(c\)"):
+            SweepLock(tmp_path).acquire()
+        late.join()
+    finally:
+        os.close(fd)
