@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import protocol  # noqa: E402
 
 SOURCE = Path(__file__).with_name("loop_limit.cc")
-from prune.native import PANEL_MIN_SEGMENT, PANEL_WIDTH  # noqa: E402  (the op's own panel constants)
+from prune.native import PANEL_MIN_SEGMENT, PANEL_WIDTH, panels_pay  # noqa: E402  (the op's own panel rule)
 
 PANEL_OUT_BYTES = 256 << 10  # sparse_ops.cc's kPanelOutBytes: the output accumulators one pass over the panels keeps
 TILE_LANES = 64  # the harness's tile: AddEntries<4, false> at 16 lanes (AVX-512); fewer lanes make it narrower
@@ -106,15 +106,16 @@ def segment(n_in: int, sparsity: float) -> int:
     return max(1, round(min(PANEL_WIDTH, n_in) * (1.0 - sparsity)))
 
 
-def op_loop(n_in: int, sparsity: float) -> tuple[str, int]:
+def op_loop(n_in: int, sparsity: float, n_out: int | None = None) -> tuple[str, int]:
     """``(loop, entries per segment)`` of the loop the forward op runs at batch 256 for this layer.
 
-    The op runs its panels when a panel segment holds at least ``PANEL_MIN_SEGMENT`` entries
-    (:func:`prune.native.panels_pay`); else the plain tiled loop, whose segment is a whole output row.
+    The op runs its panels where :func:`prune.native.panels_pay` says so (the rule that decides whether a
+    structure gets a panel section); else the plain tiled loop, whose segment is a whole output row.
+    ``n_out`` defaults to ``n_in`` (the targets are square).
     """
-    seg = segment(n_in, sparsity)
-    if seg >= PANEL_MIN_SEGMENT:
-        return "panel", seg
+    n_out = n_in if n_out is None else n_out
+    if panels_pay(round(n_in * n_out * (1.0 - sparsity)), n_in, n_out):
+        return "panel", segment(n_in, sparsity)
     return "l2", max(1, round(n_in * (1.0 - sparsity)))
 
 
