@@ -166,7 +166,8 @@ def _sparse_deployed(masked, keras):
     """``SparseDense`` for the pruned Dense layers (``prune.convert``), plain layers for the rest
     (``prune.strip_pruning``): the dense output layer stays a ``Dense`` (``convert`` alone would make every
     fully connected layer a ``SparseDense``), and convolutions run as ``Conv2D`` with their zeros, not as
-    masked layers multiplying their masks."""
+    masked layers multiplying their masks. ``convert`` also makes the convolutions ``SparseConv2D``; this form
+    keeps them ``Conv2D``, the form its committed tables timed (``SparseConv2D`` is timed by ``conv_speed.py``)."""
     import warnings
 
     import prune
@@ -178,7 +179,7 @@ def _sparse_deployed(masked, keras):
         sparse = prune.convert(masked, to="sparse", matmul="auto")
     plain = prune.strip_pruning(masked)
     layers = [
-        s if isinstance(s, SparseDense) and s.name in pruned else p
+        s if type(s) is SparseDense and s.name in pruned else p  # not SparseConv2D: see the docstring
         for s, p in zip(sparse.layers, plain.layers, strict=True)
     ]
     return keras.Sequential([keras.Input(shape=masked.input_shape[1:]), *layers], name=masked.name)

@@ -21,8 +21,10 @@ same optimizer settings and the same schedule numbers in steps. They differ in:
   optimizer slots shrink), so memory and matmul work fall as sparsity rises.
   Mask selection is the same exact top-k as ``masked``; the products differ only
   in summation order (sparse kernels), so accuracy agrees closely, not bitwise.
-  Layers without a sparse form (Conv2D in lenet5) stay masked. Inference is
-  timed on the SparseDense model.
+  ``Conv2D`` layers become ``prune.layers.SparseConv2D`` (since the commit that
+  added it; runs recorded before it kept lenet5's convolutions masked). Layers
+  without a sparse form (``DepthwiseConv2D``, ``Conv1D``) stay masked. Inference
+  is timed on the sparse model.
 * ``tfmot`` (:mod:`experiments.tfmot_baseline`): tfmot's own wrapper under tf-keras
   in a separate legacy-Keras process. tfmot updates masks inside the compiled
   train step (a ``tf.cond`` on its step counter) instead of in a Python callback,
@@ -131,7 +133,7 @@ def masked_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
 
 
 def sparse_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
-    """The masked model converted to SparseDense layers (compacted at mask updates; Conv2D stays masked)."""
+    """The masked model converted to SparseDense and SparseConv2D layers (compacted at mask updates)."""
     from prune.deploy.convert import convert  # written beside this runner; imported lazily
     from prune.layers.sparse import sparse_layers
 

@@ -36,6 +36,7 @@ SERIALIZABLE = (
     "prune.layers.freezing",
     "prune.layers.masked",
     "prune.layers.sparse",
+    "prune.layers.sparse_conv",
     "prune.layers.frozen",
     "prune.layers.masked_more",
 )

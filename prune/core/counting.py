@@ -30,7 +30,8 @@ REPORT_COLUMNS = [
 
 
 _TRANSPOSED = {"Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"}
-_SLIDING = {"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D"}
+_SLIDING = {"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D",
+            "SparseConv2D"}
 _RECURRENT = {"SimpleRNN", "GRU", "LSTM", "RNN"}
 
 
@@ -75,10 +76,19 @@ def applications(layer: Any, weight: str) -> float:
     if names & _TRANSPOSED:
         return _spatial(layer, input_shape)
     if names & _SLIDING:
-        try:
-            return _spatial(layer, layer.compute_output_shape(input_shape))
-        except Exception:  # noqa: BLE001 - unknown spatial size: FLOPs unknown, not wrong
-            return float("nan")
+        shapes = [input_shape]
+        try:  # the tensor it was called on, for a layer built before its spatial sizes were known
+            shapes.append(tuple(layer.input.shape))
+        except Exception:  # noqa: BLE001 - not called in a functional graph (or called several times)
+            pass
+        for shape in shapes:
+            try:
+                positions = _spatial(layer, layer.compute_output_shape(tuple(shape)))
+            except Exception:  # noqa: BLE001 - unknown spatial size: FLOPs unknown, not wrong
+                continue
+            if not np.isnan(positions):
+                return positions
+        return float("nan")
     if names & _RECURRENT and not any(n.startswith("ConvLSTM") for n in names):
         return _product(tuple(input_shape)[1:2])
     if "Dense" in names or hasattr(layer, "sparse_weight"):  # Dense, MaskedDense, SparseDense

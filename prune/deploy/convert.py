@@ -1,10 +1,14 @@
-"""``convert``: switch a whole model between dense, masked and sparse fully connected layers.
+"""``convert``: switch a whole model between dense, masked and sparse fully connected and convolution layers.
 
 Three interchangeable implementations of the same function::
 
-    dense   keras.layers.Dense       kernel with zeros in it
-    masked  prune.layers.MaskedDense kernel and kernel_mask beside it
-    sparse  prune.layers.SparseDense values at indices (prune.layers.kernels)
+    dense   keras.layers.Dense        kernel with zeros in it
+    masked  prune.layers.MaskedDense  kernel and kernel_mask beside it
+    sparse  prune.layers.SparseDense  values at indices (prune.layers.kernels)
+
+and the same three for 2-D convolutions (``keras.layers.Conv2D``,
+``prune.layers.MaskedConv2D``, ``prune.layers.SparseConv2D``; ``groups=1``,
+``channels_last``).
 
 Which entries are "present" in each form, so that every round trip keeps the
 structure and the outputs agree (up to the summation order of the kernels):
@@ -19,9 +23,10 @@ structure and the outputs agree (up to the summation order of the kernels):
 * masked -> dense is :func:`prune.strip_pruning` for that layer (other masked
   layers, ``MaskedConv2D`` etc., are stripped too).
 
-Only fully connected layers have a sparse form. Layers that carry weights of
-a prunable kind but cannot be brought to the target (e.g. a ``Conv2D`` asked
-to become sparse, a ``Dense`` with LoRA, an unbuilt layer) are left as they
+Only fully connected layers and 2-D convolutions have a sparse form. Layers
+that carry weights of a prunable kind but cannot be brought to the target
+(e.g. a ``Conv1D`` or a grouped ``Conv2D`` asked to become sparse, a
+``Dense`` with LoRA, an unbuilt layer) are left as they
 are and listed in a :class:`ConversionWarning`; :func:`unconvertible_layers`
 returns the same list without converting. Other layers are copied unchanged.
 
@@ -40,9 +45,10 @@ import numpy as np
 
 from prune.api import _clone_layer, _convert, _to_masked, _to_plain
 from prune.layers.kernels import check_matmul
-from prune.layers.masked import MaskedDense, PrunableLayer
+from prune.layers.masked import MaskedConv2D, MaskedDense, PrunableLayer
 from prune.layers.scheduled import pruning_params_of
 from prune.layers.sparse import SparseDense
+from prune.layers.sparse_conv import SparseConv2D
 from prune.core.targets import iter_layers
 from prune.layers.registry import masked_class_for
 
@@ -83,12 +89,30 @@ def _is_plain_dense(layer: Any) -> bool:
     )
 
 
+def _is_sparse_conv_source(layer: Any) -> bool:
+    """A plain or masked ``Conv2D`` of the form ``SparseConv2D`` computes: ``groups=1``, ``channels_last``, no LoRA."""
+    return (
+        type(layer) in (keras.layers.Conv2D, MaskedConv2D)
+        and layer.groups == 1
+        and layer.data_format == "channels_last"
+        and not getattr(layer, "lora_rank", None)
+        and not getattr(layer, "quantization_mode", None)
+    )
+
+
+def _has_sparse_form(layer: Any) -> bool:
+    """Whether a built plain or masked layer converts to a sparse layer."""
+    if not layer.built:
+        return False
+    return isinstance(layer, MaskedDense) or _is_plain_dense(layer) or _is_sparse_conv_source(layer)
+
+
 def _dense_parts(layer: Any) -> tuple[np.ndarray, np.ndarray, Any]:
-    """``(kernel, mask, bias)`` of a built Dense, MaskedDense or SparseDense."""
+    """``(kernel, mask, bias)`` of a built Dense, Conv2D, their masked twins, or a SparseDense or SparseConv2D."""
     bias = None if layer.bias is None else np.asarray(layer.bias.numpy())
     if isinstance(layer, SparseDense):
         return layer.to_dense(), layer.get_mask(), bias
-    if isinstance(layer, MaskedDense):
+    if isinstance(layer, (MaskedDense, MaskedConv2D)):
         weight, mask_var = layer.weight_and_mask("kernel")
         mask = mask_var.numpy() != 0
         kernel = np.where(mask, np.asarray(weight.numpy()), 0).astype(weight.dtype)  # +0.0, never -0.0
@@ -115,7 +139,7 @@ def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
             return _clone_layer(layer)
         if to == "dense":
             return _to_plain(layer)
-        return _sparse_from(layer, matmul) if isinstance(layer, MaskedDense) and layer.built else None
+        return _sparse_from(layer, matmul) if _has_sparse_form(layer) else None
     if masked_class_for(layer) is not None:  # a registered plain layer: Dense, Conv*, Embedding
         if to == "dense":
             return _clone_layer(layer)
@@ -126,7 +150,7 @@ def _convert_layer(layer: Any, to: str, matmul: str) -> Any:
             weight = masked.weight_and_mask(masked.prunable_weight_names[0])[0]
             masked.set_mask(masked.prunable_weight_names[0], np.asarray(weight.numpy()) != 0)
             return masked
-        return _sparse_from(layer, matmul) if _is_plain_dense(layer) else None
+        return _sparse_from(layer, matmul) if _has_sparse_form(layer) else None
     return _clone_layer(layer)
 
 
@@ -134,6 +158,13 @@ def _sparse_from(layer: Any, matmul: str) -> SparseDense:
     kernel, mask, bias = _dense_parts(layer)
     kwargs = _dense_kwargs(layer)
     kwargs.update(_pruning_params(layer))
+    if isinstance(layer, SparseConv2D) or _is_sparse_conv_source(layer):
+        config = layer.get_build_config() or {}
+        shape = config.get("input_shape")
+        kwargs.update(strides=layer.strides, padding=layer.padding, dilation_rate=layer.dilation_rate)
+        return SparseConv2D.from_dense(
+            kernel, mask, matmul=matmul, bias=bias, input_shape=None if shape is None else tuple(shape), **kwargs
+        )
     return SparseDense.from_dense(kernel, mask, matmul=matmul, bias=bias, **kwargs)
 
 
@@ -150,10 +181,10 @@ def _blocked(layer: Any, to: str) -> bool:
     if to == "dense":
         return False
     if isinstance(layer, PrunableLayer):
-        return to == "sparse" and not (isinstance(layer, MaskedDense) and layer.built)
+        return to == "sparse" and not _has_sparse_form(layer)
     if not layer.built:
         return True
-    return to == "sparse" and not _is_plain_dense(layer)
+    return to == "sparse" and not _has_sparse_form(layer)
 
 
 def unconvertible_layers(model: Any, to: str) -> list[str]:
@@ -167,7 +198,7 @@ def unconvertible_layers(model: Any, to: str) -> list[str]:
 
 
 def convert(model: Any, to: str, matmul: str = "auto") -> Any:
-    """Convert every fully connected layer of ``model`` to ``to``.
+    """Convert every fully connected layer and 2-D convolution of ``model`` to ``to``.
 
     Args:
         model: A Keras layer, a Sequential or functional model (cloned, with
@@ -175,9 +206,9 @@ def convert(model: Any, to: str, matmul: str = "auto") -> Any:
             returned).
         to: ``"dense"`` (``keras.layers.Dense``, masked layers stripped),
             ``"masked"`` (``MaskedDense`` and the other masked layers) or
-            ``"sparse"`` (``SparseDense``). See the module docstring for how
+            ``"sparse"`` (``SparseDense``, ``SparseConv2D``). See the module docstring for how
             the structure carries over.
-        matmul: Kernel of the created ``SparseDense`` layers (``"auto"``,
+        matmul: Kernel of the created sparse layers (``"auto"``,
             ``"native"``, ``"coo"``, ``"csr"``, ``"dense"``).
 
     Returns:

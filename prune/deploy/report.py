@@ -47,16 +47,16 @@ def sparsity_report(model: Any) -> pd.DataFrame:
 
 
 def _sparse_row(layer: Any) -> dict[str, Any]:
-    """A SparseDense weight: stored entries are its indices; nnz counts nonzero stored values."""
+    """A SparseDense (or SparseConv2D) weight: stored entries are its indices; nnz counts nonzero stored values."""
     n_in, n_out = (int(d) for d in layer.dense_shape)
     values = np.asarray(layer.values.numpy())
     nnz = int(np.count_nonzero(values))
-    size = n_in * n_out
+    size = n_in * n_out  # the weight's size: a SparseConv2D's kernel is the [kh * kw * C_in, C_out] matrix
     positions = applications(layer, "kernel")
     return dict(
         layer=layer.name,
         weight="kernel",
-        shape=(n_in, n_out),
+        shape=tuple(int(d) for d in layer.weight_shape),
         nnz=nnz,
         size=size,
         sparsity=1.0 - nnz / size if size else 0.0,

@@ -10,7 +10,8 @@
 * :mod:`prune.layers.masked`, :mod:`prune.layers.masked_more`: the masked
   twins (``MaskedDense``, ``MaskedConv2D``, ..., ``PruneLowMagnitude``) and
   their mixin :class:`~prune.layers.masked.PrunableLayer`;
-  :mod:`prune.layers.sparse`: ``SparseDense``; :mod:`prune.layers.frozen`:
+  :mod:`prune.layers.sparse`: ``SparseDense``; :mod:`prune.layers.sparse_conv`:
+  ``SparseConv2D`` (its subclass over the patch matrix); :mod:`prune.layers.frozen`:
   ``PartiallyFrozenEmbedding``.
 
 Every registered kind is an attribute of this package, loaded on first use

@@ -123,6 +123,17 @@ def _make_dynamic(var: Any, value: Any) -> bool:
     return replaced
 
 
+def _check_bias(bias: Any, n_out: int) -> None:
+    """Refuse a ``bias`` (construction input, ``None`` allowed) that is not ``n_out`` real numbers."""
+    if bias is None:
+        return
+    b = np.asarray(bias)
+    if b.shape != (n_out,):
+        raise ValueError(f"bias must have shape ({n_out},), got shape {b.shape}")
+    if not kernels.is_real_dtype(b.dtype):
+        raise ValueError(f"bias must be real numbers, got dtype {b.dtype}")
+
+
 STORE_FORMAT = 2
 """The version of :meth:`SparseDense.save_own_variables`' compact store (1: Keras's own, every variable)."""
 
@@ -258,12 +269,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             raise ValueError(f"dense_shape must be (n_in, n_out), got {dense_shape!r}")
         n_in, n_out = (int(d) for d in dense_shape)
         idx, vals = kernels.check_structure(indices, values, (n_in, n_out))
-        if bias is not None:
-            b = np.asarray(bias)
-            if b.shape != (n_out,):
-                raise ValueError(f"bias must have shape ({n_out},), got shape {b.shape}")
-            if not kernels.is_real_dtype(b.dtype):
-                raise ValueError(f"bias must be real numbers, got dtype {b.dtype}")
+        _check_bias(bias, n_out)
         layer = cls(n_out, matmul=matmul, **layer_kwargs)
         if bias is not None and not layer.use_bias:
             raise ValueError("bias was given but use_bias=False")
@@ -305,10 +311,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         return cls.from_sparse(idx, w[keep], w.shape, matmul=matmul, bias=bias, **layer_kwargs)
 
     def build(self, input_shape: Any) -> None:
-        n_in = input_shape[-1]
-        if n_in is None:
-            raise ValueError(f"the last input dimension of {self.name!r} must be known, got input shape {input_shape}")
-        n_in = int(n_in)
+        n_in = self._matrix_rows(input_shape)
         self.dense_shape = (n_in, self.units)
         if self._pending is not None:
             idx, vals = self._pending
@@ -337,6 +340,27 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         )
         self._set_structure(idx, vals)
 
+    def _matrix_rows(self, input_shape: Any) -> int:
+        """The weight matrix's ``n_in`` for ``input_shape`` (a subclass maps its weight onto a matrix here)."""
+        n_in = input_shape[-1]
+        if n_in is None:
+            raise ValueError(f"the last input dimension of {self.name!r} must be known, got input shape {input_shape}")
+        return int(n_in)
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        """The shape of the weight as users, masks and reports see it: ``(n_in, n_out)`` here.
+
+        The stored entries index the ``[n_in, n_out]`` matrix ``dense_shape``;
+        a subclass whose weight has another shape (``SparseConv2D``'s 4-D
+        kernel) reshapes it row-major onto that matrix.
+        """
+        return tuple(self.dense_shape)
+
+    def _as_matrix(self, arr: np.ndarray) -> np.ndarray:
+        """``arr`` of :attr:`weight_shape` (or already of ``dense_shape``) as a ``dense_shape`` matrix."""
+        return arr.reshape(self.dense_shape) if arr.shape == tuple(self.weight_shape) else arr
+
     def _initial_structure(self, n_in: int) -> tuple[np.ndarray, np.ndarray]:
         n = n_in * self.units
         if self._config_nnz is not None:  # placeholder of the saved length; loading overwrites it
@@ -345,7 +369,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         zeros = n if self.sparsity == 1.0 else num_zeros(self.sparsity, n)  # a layer may be built empty
         rng = np.random.default_rng(self.seed)
         flat = np.sort(rng.permutation(n)[: n - zeros]).astype(np.int64)
-        dense = np.asarray(self.kernel_initializer((n_in, self.units), dtype=self.variable_dtype))
+        dense = np.asarray(self.kernel_initializer(self.weight_shape, dtype=self.variable_dtype))
         idx = np.stack([flat // self.units, flat % self.units], 1)
         return idx, dense.reshape(-1)[flat]
 
@@ -380,8 +404,19 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         # The common case, [batch, n_in] with n_in static: no reshapes around the product (5 fewer graph ops).
         rank2 = x.shape.rank == 2 and x.shape[-1] == self.dense_shape[0]
         shape = None if rank2 else tf.shape(x)
-        flat = x if rank2 else tf.reshape(x, [-1, self.dense_shape[0]])
-        y = kernels.sparse_matmul(
+        y = self._matmul(x if rank2 else tf.reshape(x, [-1, self.dense_shape[0]]))
+        if not rank2:
+            y = tf.reshape(y, tf.concat([shape[:-1], [self.units]], 0))
+            y = tf.ensure_shape(y, x.shape[:-1].concatenate([self.units]))
+        if self.bias is not None:
+            y = y + self.bias
+        if self.activation is not None:
+            y = self.activation(y)
+        return y
+
+    def _matmul(self, flat: tf.Tensor) -> tf.Tensor:
+        """``flat @ W`` for a ``[rows, n_in]`` batch, by the layer's ``matmul`` over its stored structure."""
+        return kernels.sparse_matmul(
             flat,
             self.values.value,
             self.indices.value,
@@ -392,14 +427,6 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             structure=self.native_structure.value,
             blocked=self._blocked(),
         )
-        if not rank2:
-            y = tf.reshape(y, tf.concat([shape[:-1], [self.units]], 0))
-            y = tf.ensure_shape(y, x.shape[:-1].concatenate([self.units]))
-        if self.bias is not None:
-            y = y + self.bias
-        if self.activation is not None:
-            y = self.activation(y)
-        return y
 
     def _blocked(self) -> bool:
         """Whether ``native_structure`` has a block section (:func:`prune.native.has_block_section`), from its length."""
@@ -425,12 +452,12 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             set_variable_shape(var, tuple(int(d) for d in tf.shape(backing_variable(var)).numpy()))
 
     def to_dense(self) -> np.ndarray:
-        """The weight as a dense ``[n_in, n_out]`` array (+0.0 where absent)."""
+        """The weight as a dense array of :attr:`weight_shape` (+0.0 where absent)."""
         self._sync_shapes()
         dense = np.zeros(self.dense_shape, dtype=self.values.dtype)
         idx = self.indices.numpy()
         dense[idx[:, 0], idx[:, 1]] = self.values.numpy()
-        return dense
+        return dense.reshape(self.weight_shape)
 
     def to_dense_layer(self) -> keras.layers.Dense:
         """A built ``keras.layers.Dense`` computing the same function: this weight (+0.0 where absent) and bias.
@@ -458,11 +485,11 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         return dense
 
     def get_mask(self) -> np.ndarray:
-        """The structure as a dense bool ``[n_in, n_out]`` array."""
+        """The structure as a dense bool array of :attr:`weight_shape`."""
         mask = np.zeros(self.dense_shape, dtype=bool)
         idx = self.indices.numpy()
         mask[idx[:, 0], idx[:, 1]] = True
-        return mask
+        return mask.reshape(self.weight_shape)
 
     def sparse_weight(self) -> tf.SparseTensor:
         """``tf.SparseTensor(indices, values, dense_shape)`` of the current weight."""
@@ -475,8 +502,9 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         Call it eagerly, between training steps.
 
         Args:
-            keep: Bool ``[nnz]`` over the stored entries, or a dense
-                ``[n_in, n_out]`` 0/1 mask that is a subset of the structure.
+            keep: Bool ``[nnz]`` over the stored entries, or a dense 0/1
+                mask of :attr:`weight_shape` (or ``dense_shape``) that is a
+                subset of the structure.
             optimizer: Keras 3 optimizer training ``values``; its slots for
                 ``values`` (found by :func:`prune.layers.optimizer_state.slots_for`)
                 are shrunk the same way.
@@ -494,17 +522,18 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         self._sync_shapes()
         idx = self.indices.numpy()
         arr = np.asarray(keep)
-        if arr.shape == (self.nnz,) and arr.shape != tuple(self.dense_shape):
+        if arr.shape == (self.nnz,) and arr.shape not in (tuple(self.dense_shape), tuple(self.weight_shape)):
             entries = _masks.validate_mask(arr, (self.nnz,), name="keep")
             dense = np.zeros(self.dense_shape, dtype=bool)
             dense[idx[entries, 0], idx[entries, 1]] = True
         else:
-            dense = _masks.validate_mask(arr, tuple(self.dense_shape), name="keep")
+            shape = self.weight_shape if arr.shape == tuple(self.weight_shape) else tuple(self.dense_shape)
+            dense = self._as_matrix(_masks.validate_mask(arr, shape, name="keep"))
             entries = dense[idx[:, 0], idx[:, 1]]
             if int(dense.sum()) != int(entries.sum()):
                 raise ValueError(
                     f"keep for {self.name!r} keeps {int(dense.sum()) - int(entries.sum())} entries that are not "
-                    "stored; a SparseDense can only drop entries"
+                    f"stored; a {type(self).__name__} can only drop entries"
                 )
         return self.restructure(dense, optimizer)
 
@@ -516,7 +545,8 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         dropped. Call it eagerly, between training steps.
 
         Args:
-            keep: Dense ``[n_in, n_out]`` 0/1 (or bool) mask of the new structure.
+            keep: Dense 0/1 (or bool) mask of the new structure, of
+                :attr:`weight_shape` (or ``dense_shape``).
             optimizer: Keras 3 optimizer training ``values``; its slots follow.
 
         Returns:
@@ -528,7 +558,8 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         if not self.built:
             raise ValueError(f"layer {self.name!r} must be built before restructure")
         self._sync_shapes()
-        new = _masks.validate_mask(keep, tuple(self.dense_shape), name="keep")
+        shape = self.weight_shape if np.shape(keep) == tuple(self.weight_shape) else tuple(self.dense_shape)
+        new = self._as_matrix(_masks.validate_mask(keep, shape, name="keep"))
         idx = self.indices.numpy()
         old_flat = idx[:, 0] * self.units + idx[:, 1]
         new_flat = np.flatnonzero(new)  # row-major, the stored order
@@ -558,7 +589,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             idx = self.indices.numpy()
             dense = np.zeros(self.dense_shape, dtype=np.asarray(values).dtype)
             dense[idx[:, 0], idx[:, 1]] = np.asarray(values)
-            return dense
+            return dense.reshape(self.weight_shape)
 
         return [
             MaskTarget(
@@ -692,7 +723,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             return
         self._sync_shapes()
         variables = self.weights
-        where = f"set_weights on SparseDense layer {self.name!r}"
+        where = f"set_weights on {type(self).__name__} layer {self.name!r}"
         weights = list(weights)
         if len(weights) != len(variables):
             raise ValueError(
@@ -788,7 +819,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         """
         all_vars = own_variables(self)
         source = _store_source(store)
-        where = f"loading SparseDense layer {self.name!r}" + (f" from {source}" if source else "")
+        where = f"loading {type(self).__name__} layer {self.name!r}" + (f" from {source}" if source else "")
         if "format" in set(store.keys()):
             idx, vals, derived, rest = self._checked_state(self._compact_given(store, where), where, same_nnz=False)
             self._set_structure(idx, vals, derived)

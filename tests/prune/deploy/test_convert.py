@@ -114,17 +114,17 @@ def test_unconverted_layers_are_copied_not_shared():
 
 
 def test_unconvertible_layers_are_left_and_reported():
-    inp = keras.Input((6, 6, 1))
-    conv = keras.layers.Conv2D(2, 3, name="conv")(inp)
+    inp = keras.Input((6, 1))  # Conv1D has no sparse form (Conv2D has: SparseConv2D, tests/prune/layers/test_sparse_conv.py)
+    conv = keras.layers.Conv1D(2, 3, name="conv")(inp)
     out = keras.layers.Dense(2, name="head")(keras.layers.Flatten()(conv))
     model = keras.Model(inp, out)
     assert unconvertible_layers(model, "sparse") == ["conv"]
     assert unconvertible_layers(model, "masked") == []
     with pytest.warns(ConversionWarning, match=r"left 1 layer\(s\) unconverted: \['conv'\]"):
         sparse = convert(model, "sparse")
-    assert type(sparse.get_layer("conv")) is keras.layers.Conv2D
+    assert type(sparse.get_layer("conv")) is keras.layers.Conv1D
     assert isinstance(sparse.get_layer("head"), SparseDense)
-    x = np.random.default_rng(1).standard_normal((2, 6, 6, 1)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((2, 6, 1)).astype(np.float32)
     np.testing.assert_allclose(sparse(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
