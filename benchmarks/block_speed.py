@@ -74,27 +74,13 @@ def layer_for(kind: str, w: np.ndarray, mask: np.ndarray):
 
 def time_point(size, batch, masks, rounds, rng, min_ms, k_max):
     """{name: (forward, train)} as :class:`protocol.PerApplication`, per application in graph, for each (name, mask)."""
-    import keras
     import tensorflow as tf
 
     w = (rng.standard_normal((size, size)) * np.sqrt(2.0 / size)).astype(np.float32)
     pool = [tf.constant(rng.standard_normal((batch, size)).astype(np.float32)) for _ in range(8)]
     out = {}
     for name, (kind, mask) in masks.items():
-        layer = layer_for(kind, w, mask)
-        optimizer = keras.optimizers.Adam(1e-4)
-        optimizer.build(layer.trainable_variables)
-
-        def step(x, layer=layer, optimizer=optimizer):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(layer(x)))
-            grads = tape.gradient(loss, layer.trainable_variables)
-            optimizer.apply(grads, layer.trainable_variables)
-            return loss
-
-        fwd = protocol.per_application(layer, pool, rounds=rounds, min_ms=min_ms, k_max=k_max)
-        train = protocol.per_application(step, pool, rounds=rounds, min_ms=min_ms, k_max=k_max)
-        out[name] = (fwd, train)
+        out[name] = protocol.forward_and_train(layer_for(kind, w, mask), pool, rounds, min_ms, k_max)
     return out
 
 

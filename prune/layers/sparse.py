@@ -414,11 +414,14 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             y = self.activation(y)
         return y
 
-    def _matmul(self, flat: tf.Tensor) -> tf.Tensor:
-        """``flat @ W`` for a ``[rows, n_in]`` batch, by the layer's ``matmul`` over its stored structure."""
+    def _matmul(self, flat: tf.Tensor, values: tf.Tensor | None = None) -> tf.Tensor:
+        """``flat @ W`` for a ``[rows, n_in]`` batch, by the layer's ``matmul`` over its stored structure.
+
+        ``values``: the stored values as a tensor (default: the variable's current value).
+        """
         return kernels.sparse_matmul(
             flat,
-            self.values.value,
+            self.values.value if values is None else values,
             self.indices.value,
             self.dense_shape,
             matmul=self.matmul,

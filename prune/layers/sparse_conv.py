@@ -79,6 +79,38 @@ def conv_output_size(size: int | None, kernel: int, stride: int, dilation: int, 
     return max((int(size) - dilation * (kernel - 1) - 1) // stride + 1, 0)
 
 
+@tf.RegisterGradient("PruneConv2d")
+def _prune_conv2d_grad(op: Any, dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, None]:
+    """Gradients of the native ``PruneConv2d`` with respect to ``x`` and ``values`` (none for the structure).
+
+    Input gradient: ``dy @ W^T`` by ``PruneSpmm`` (transpose) into patch gradients, which ``PruneCol2im``
+    sums into the input pixels. Values gradient: ``PruneSddmm`` over the patches, formed by
+    ``tf.image.extract_patches``. So the backward pass materialises the patch matrix and its gradient, which the
+    forward pass does not. A registered gradient (not ``tf.custom_gradient``), so that the op differentiates
+    inside the ``tf.switch_case`` of ``matmul="auto"``.
+    """
+    from prune import native
+
+    lib = native.load()
+    x, values, structure = op.inputs
+    n_in, n_out = op.get_attr("n_in"), op.get_attr("n_out")
+    kernel, strides, dilations = (list(op.get_attr(a)) for a in ("kernel_size", "strides", "dilations"))
+    padding = op.get_attr("padding")
+    padding = padding.decode() if isinstance(padding, bytes) else padding
+    shape = tf.shape(dy)
+    dy_flat = tf.reshape(dy, [-1, n_out])
+    d_patches = lib.prune_spmm(dy_flat, values, structure, n_in=n_in, n_out=n_out, transpose=True)
+    dx = lib.prune_col2im(
+        tf.reshape(d_patches, tf.concat([shape[:3], [n_in]], 0)), x,
+        kernel_size=kernel, strides=strides, dilations=dilations, padding=padding,
+    )
+    patches = tf.image.extract_patches(
+        x, sizes=[1, *kernel, 1], strides=[1, *strides, 1], rates=[1, *dilations, 1], padding=padding
+    )
+    dv = lib.prune_sddmm(tf.reshape(patches, [-1, n_in]), dy_flat, values, structure, n_in=n_in, n_out=n_out)
+    return tf.ensure_shape(dx, x.shape), tf.ensure_shape(dv, values.shape), None
+
+
 @register_layer
 class SparseConv2D(SparseDense):
     """2-D convolution with a sparse kernel: ``activation(conv2d(x, kernel) + bias)``, ``channels_last``.
@@ -311,22 +343,68 @@ class SparseConv2D(SparseDense):
 
     def _convolve(self, x: tf.Tensor) -> tf.Tensor:
         """``conv2d(x, kernel)`` by the kernel the module docstring gives for this layer's shape and ``matmul``."""
+        from prune._internals import in_xla_context
+
+        static = self.compute_output_shape(tuple(x.shape))
+        if self.kernel_size == (1, 1):
+            y = self._patch_product(x, self.values.value)
+        elif self.matmul == "dense" or in_xla_context():
+            y = self._dense_conv(x, self._dense_kernel(self.values.value))
+        else:
+            lib = kernels.native_library() if self.matmul in ("auto", "native") and x.dtype == tf.float32 else None
+            if lib is None:
+                y = self._patch_product(x, self.values.value)
+            elif self.matmul == "native":
+                y = self._native_conv(lib, x)
+            else:  # auto: TF's dense convolution or the native one, by the cost model at run time
+                # Variables read before the switch, so that its branches export no intermediates of different
+                # dtypes to the gradient (TF's type inference warns about an int64 and an int32 in one slot).
+                values, indices, structure = (
+                    tf.convert_to_tensor(v.value) for v in (self.values, self.indices, self.native_structure)
+                )
+                positions = tf.shape(x)[0] * int(static[1] or 0) * int(static[2] or 0) if None not in static[1:3] else (
+                    tf.reduce_prod(tf.shape(self._patches(x))[:3])
+                )
+                which = kernels._argmin_branch(kernels._COST, ("dense", "native"), tf.shape(indices)[0], positions, *self.dense_shape)
+                y = tf.switch_case(
+                    which,
+                    [lambda: self._dense_conv(x, self._dense_kernel(values, indices)),
+                     lambda: self._native_conv(lib, x, values, structure)],
+                )
+        return tf.ensure_shape(y, static)
+
+    def _patches(self, x: tf.Tensor) -> tf.Tensor:
+        """The ``[B, H_out, W_out, kh * kw * C_in]`` patches of ``x`` (for 1 x 1, ``x`` itself, strided)."""
         kh, kw = self.kernel_size
         sh, sw = self.strides
-        static = self.compute_output_shape(tuple(x.shape))
-        if (kh, kw) != (1, 1) and self.matmul == "dense":
-            return self._dense_conv(x, tf.reshape(tf.scatter_nd(self.indices.value, self.values.value, self.dense_shape), self.weight_shape))
         if (kh, kw) == (1, 1):
-            patches = x if (sh, sw) == (1, 1) else x[:, ::sh, ::sw, :]
-        else:
-            dh, dw = self.dilation_rate
-            patches = tf.image.extract_patches(
-                x, sizes=[1, kh, kw, 1], strides=[1, sh, sw, 1], rates=[1, dh, dw, 1], padding=self.padding.upper()
-            )
+            return x if (sh, sw) == (1, 1) else x[:, ::sh, ::sw, :]
+        dh, dw = self.dilation_rate
+        return tf.image.extract_patches(
+            x, sizes=[1, kh, kw, 1], strides=[1, sh, sw, 1], rates=[1, dh, dw, 1], padding=self.padding.upper()
+        )
+
+    def _patch_product(self, x: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        """``patches(x) @ W`` by :func:`prune.layers.kernels.sparse_matmul` with the layer's ``matmul``."""
+        patches = self._patches(x)
         shape = tf.shape(patches)
-        y = self._matmul(tf.reshape(patches, [-1, self.dense_shape[0]]))
-        y = tf.reshape(y, tf.concat([shape[:3], [self.filters]], 0))
-        return tf.ensure_shape(y, static)
+        y = self._matmul(tf.reshape(patches, [-1, self.dense_shape[0]]), values)
+        return tf.reshape(y, tf.concat([shape[:3], [self.filters]], 0))
+
+    def _native_conv(self, lib: Any, x: tf.Tensor, values: Any = None, structure: Any = None) -> tf.Tensor:
+        """The native implicit-im2col forward op ``PruneConv2d`` (its gradient: :func:`_prune_conv2d_grad`)."""
+        values = self.values.value if values is None else values
+        structure = self.native_structure.value if structure is None else structure
+        return lib.prune_conv2d(
+            x, values, structure, n_in=self.dense_shape[0], n_out=self.filters,
+            kernel_size=list(self.kernel_size), strides=list(self.strides), dilations=list(self.dilation_rate),
+            padding=self.padding.upper(),
+        )
+
+    def _dense_kernel(self, values: tf.Tensor, indices: Any = None) -> tf.Tensor:
+        """The 4-D kernel scattered from ``values`` (+0.0 where absent), differentiable in ``values``."""
+        indices = self.indices.value if indices is None else indices
+        return tf.reshape(tf.scatter_nd(indices, values, self.dense_shape), self.weight_shape)
 
     def _dense_conv(self, x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
         # tf.nn.convolution, as Keras: it runs a dilation by space_to_batch, and TensorFlow's CPU
@@ -386,7 +464,7 @@ class SparseConv2D(SparseDense):
 
         Its gradient is the dense kernel gradient (RigL's grow score); no dense kernel is kept afterwards.
         """
-        w_dense = tf.reshape(tf.scatter_nd(self.indices.value, self.values.value, self.dense_shape), self.weight_shape)
+        w_dense = self._dense_kernel(self.values.value)
 
         def call(inputs: Any, training: Any = None) -> Any:
             x = tf.convert_to_tensor(inputs)

@@ -1,8 +1,10 @@
-"""Native (C++) sparse kernels for :class:`prune.layers.SparseDense`: building, loading, fallback.
+"""Native (C++) sparse kernels for :class:`prune.layers.SparseDense` and ``SparseConv2D``: building, loading, fallback.
 
 The ops live in ``sparse_ops.cc`` beside this file (see its header for the
 algorithms): ``PruneSpmm`` (``y = x @ W`` and, with ``transpose=True``, the
-input gradient ``dy @ W^T``) and ``PruneSddmm`` (the values gradient). They
+input gradient ``dy @ W^T``), ``PruneSddmm`` (the values gradient), and for
+k x k convolutions ``PruneConv2d`` (implicit im2col over the kernel's patch
+matrix) and ``PruneCol2im`` (its input gradient's scatter). They
 read ``W`` from its row-major ``values`` and an int32 structure vector built
 by :func:`structure` when the sparsity pattern changes.
 

@@ -1,4 +1,4 @@
-// Native sparse kernels for prune.SparseDense (float32, CPU).
+// Native sparse kernels for prune.SparseDense and prune.SparseConv2D (float32, CPU).
 //
 // The weight W [n_in, n_out] is given by its trainable `values` [nnz] in
 // row-major order of W and an int32 `structure` vector kept beside them by the
@@ -26,6 +26,13 @@
 //   PruneSddmm(x, dy, values, structure; n_in, n_out)
 //       dv[k] = sum_b x[b, i_k] * dy[b, j_k] for the k-th stored entry (i_k, j_k):
 //       the values gradient (a sampled dense-dense product), no [nnz, batch] temporary.
+//   PruneConv2d(x, values, structure; n_in, n_out, kernel_size, strides, dilations, padding)
+//       y = conv2d(x, kernel) for an NHWC x and the kernel's patch matrix W [kh * kw * C, n_out]
+//       (prune.SparseConv2D): the forward tiles over output positions, each tile's patches formed
+//       in cache (implicit im2col; see the section at the end of the file).
+//   PruneCol2im(dp, x; kernel_size, strides, dilations, padding)
+//       dx = the sum into each pixel of x of the patch gradients dp that read it: PruneConv2d's
+//       input gradient after dp = dy @ W^T (PruneSpmm, transpose).
 //
 // Batches of at least one machine vector (4 rows with SSE2 or NEON, 8 with AVX,
 // 16 with AVX-512) go through tiles of up to 4 vectors of batch rows: the tile of x is
@@ -225,14 +232,12 @@ struct Error {
   std::atomic<bool> bad{false};
 };
 
-// dst[j * dst_stride + i] = src[i * src_stride + j] for i < rows, j < cols
-// (rows, cols <= 8); a full 8x8 block in AVX2 registers, else element by element.
-inline void Transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
-                       int64_t cols) {
 #ifdef PRUNE_AVX2
-  if (rows == 8 && cols == 8) {
+// dst[j * dst_stride + i] = rows[i][j] for i, j < 8: a full 8x8 block in AVX2 registers, its rows anywhere.
+inline void TransposeRows8(const float* const* rows, float* dst, int64_t dst_stride) {
+  {
     __m256 r[8], t[8];
-    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i]);
     for (int i = 0; i < 8; i += 2) {
       t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
       t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -248,6 +253,19 @@ inline void Transpose8(const float* src, int64_t src_stride, float* dst, int64_t
       _mm256_storeu_ps(dst + j * dst_stride, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
       _mm256_storeu_ps(dst + (j + 4) * dst_stride, _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
     }
+  }
+}
+#endif
+
+// dst[j * dst_stride + i] = src[i * src_stride + j] for i < rows, j < cols
+// (rows, cols <= 8); a full 8x8 block in AVX2 registers, else element by element.
+inline void Transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                       int64_t cols) {
+#ifdef PRUNE_AVX2
+  if (rows == 8 && cols == 8) {
+    const float* r[8];
+    for (int i = 0; i < 8; ++i) r[i] = src + i * src_stride;
+    TransposeRows8(r, dst, dst_stride);
     return;
   }
 #endif
@@ -323,25 +341,33 @@ inline void StoreRows(const float* ob, int64_t W, int64_t rb, int64_t re, int64_
                  std::min<int64_t>(8, tb - q0));
 }
 
+// fill(b0, tb, W, c0, c1, buf) writes buf[c * W + q] for columns c in [c0, c1) and q < W (zero for q >= tb): the
+// transposed tile of the left operand's rows [b0, b0 + tb) that the tiled kernels read. nullptr: x's own rows
+// (TransposeTile); the sparse convolution passes the patches of its output positions (PatchTile), so that its
+// patch matrix exists one tile at a time, in cache, never whole.
+using TileFill = std::function<void(int64_t, int64_t, int64_t, int64_t, int64_t, float*)>;
+
 // The transposed tile of x's batch rows [b0, b0 + tb) for a tile of W rows: `shared` when the caller
 // transposed it already (TiledGather, for several row ranges at once), else this thread's own buffer.
-inline const float* TileBuffer(const float* x, int64_t b0, int64_t tb, int64_t n_cols, int64_t W, const float* shared) {
+inline const float* TileBuffer(const float* x, int64_t b0, int64_t tb, int64_t n_cols, int64_t W, const float* shared,
+                               const TileFill* fill) {
   if (shared != nullptr) return shared;
   float* own = Scratch(0, n_cols * W);
-  TransposeTile(x, b0, tb, n_cols, W, 0, n_cols, own);
+  if (fill != nullptr) (*fill)(b0, tb, W, 0, n_cols, own);
+  else TransposeTile(x, b0, tb, n_cols, W, 0, n_cols, own);
   return own;
 }
 
 // Tile of NV vectors of batch rows [b0, b0 + tb), output rows [r0, r1):
 // y[b, r] = sum_k vals[k] * x[b, cols[k]] over row r of the matrix. shared: x's tile
-// already transposed (by TiledGather, for several row ranges at once), else nullptr.
+// already transposed (by TiledGather, for several row ranges at once), else nullptr; fill: as in TileBuffer.
 template <int NV, bool kPerm>
 void Tile(const float* x, int64_t b0, int64_t tb, const Csr& m, const float* vals, int64_t r0, int64_t r1, float* y,
-          bool products, const float* shared) {
+          bool products, const float* shared, const TileFill* fill) {
   constexpr int64_t W = NV * kLanes;
   constexpr int64_t kRowBlock = 64;
   const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
-  const float* buf = TileBuffer(x, b0, tb, n_cols, W, shared);
+  const float* buf = TileBuffer(x, b0, tb, n_cols, W, shared, fill);
   float* obuf = Scratch(1, kRowBlock * W);
   const int64_t last = m.rp[m.n_rows] - 1;  // the last entry: prefetches never read perm past it
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
@@ -493,11 +519,11 @@ bool GatherValues(OpKernelContext* ctx, const int32_t* perm_in, const int32_t* c
 // kPanelOutBytes; each chunk sweeps every panel. shared: as in Tile.
 template <int NV>
 void PanelTile(const float* x, int64_t b0, int64_t tb, const Csr& m, const Panels& pn, int64_t r0, int64_t r1,
-               float* y, bool products, const float* shared) {
+               float* y, bool products, const float* shared, const TileFill* fill) {
   constexpr int64_t W = NV * kLanes;
   constexpr int64_t kRowBlock = 64;
   const int64_t n_cols = m.n_cols, n_rows = m.n_rows;
-  const float* buf = TileBuffer(x, b0, tb, n_cols, W, shared);
+  const float* buf = TileBuffer(x, b0, tb, n_cols, W, shared, fill);
   const int64_t chunk = std::max<int64_t>(kRowBlock, kPanelOutBytes / (W * 4) / kRowBlock * kRowBlock);
   float* obuf = Scratch(1, std::min(chunk, r1 - r0) * W);
   const float* __restrict vals = pn.vals;
@@ -525,10 +551,11 @@ void PanelTile(const float* x, int64_t b0, int64_t tb, const Csr& m, const Panel
   }
 }
 
-// y = x @ M^T for M given by CSR (rows = outputs): tiles over the batch.
+// y = x @ M^T for M given by CSR (rows = outputs): tiles over the batch. fill: the tiles' left operand
+// (TileBuffer), x's rows when nullptr.
 template <bool kPerm>
 void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr& m, const float* vals, float* y,
-                 bool products = true, const Panels* panels = nullptr) {
+                 bool products = true, const Panels* panels = nullptr, const TileFill* fill = nullptr) {
   const int threads = NumThreads(ctx);
   const int nv = TileVectors(m.n_cols, batch, panels != nullptr);
   const int64_t w = nv * kLanes, tiles = (batch + w - 1) / w;
@@ -546,7 +573,8 @@ void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
     const int64_t step = (m.n_cols + 8 * splits - 1) / (8 * splits) * 8;
     split(ctx, splits, [&](int64_t s) {
       const int64_t c0 = std::min(m.n_cols, s * step), c1 = std::min(m.n_cols, c0 + step);
-      TransposeTile(x, 0, batch, m.n_cols, w, c0, c1, shared);
+      if (fill != nullptr) (*fill)(0, batch, w, c0, c1, shared);
+      else TransposeTile(x, 0, batch, m.n_cols, w, c0, c1, shared);
     });
   }
   split(ctx, serial ? 1 : tiles * splits, [&](int64_t u) {
@@ -556,16 +584,16 @@ void TiledGather(OpKernelContext* ctx, const float* x, int64_t batch, const Csr&
       if (bounds[s] >= bounds[s + 1]) continue;
       if (panels != nullptr) {
         switch (nv) {
-          case 4: PanelTile<4>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared); break;
-          case 2: PanelTile<2>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared); break;
-          default: PanelTile<1>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared); break;
+          case 4: PanelTile<4>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared, fill); break;
+          case 2: PanelTile<2>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared, fill); break;
+          default: PanelTile<1>(x, b0, tb, m, *panels, bounds[s], bounds[s + 1], y, products, shared, fill); break;
         }
         continue;
       }
       switch (nv) {
-        case 4: Tile<4, kPerm>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, products, shared); break;
-        case 2: Tile<2, kPerm>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, products, shared); break;
-        default: Tile<1, kPerm>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, products, shared); break;
+        case 4: Tile<4, kPerm>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, products, shared, fill); break;
+        case 2: Tile<2, kPerm>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, products, shared, fill); break;
+        default: Tile<1, kPerm>(x, b0, tb, m, vals, bounds[s], bounds[s + 1], y, products, shared, fill); break;
       }
     }
   });
@@ -1093,6 +1121,219 @@ class PruneSddmmOp : public OpKernel {
   int64_t n_in_, n_out_;
 };
 
+
+// -- Sparse 2-D convolution (PruneConv2d): implicit im2col -----------------------------------------------------
+//
+// y[b, oy, ox, o] = sum over the stored entries (i, o) of W of value * patch(b, oy, ox)[i], where W is the patch
+// matrix [kh * kw * C, n_out] (row i = (dy * kw + dx) * C + c, a Conv2D kernel read row-major) and
+// patch(b, oy, ox)[i] = x[b, oy * sh - pt + dy * dh, ox * sw - pl + dx * dw, c], zero outside the image (TF's
+// padding: pt, pl = half the padding a dimension needs, rounded down). The output positions p = (b, oy, ox) are
+// the rows of the tiled forward kernel: TiledGather over W^T's rows with the values gathered into W^T's (or the
+// panel section's) order once per call, as PruneSpmm runs a batch of more tiles than threads. Each tile's
+// transposed patches are written by PatchTile straight from x into the tile buffer (K x W floats, sized to half
+// of L2 by TileVectors), so the [positions, K] patch matrix never exists whole. A block section is not used
+// here (the block kernels read their input rows directly); the 1 x 1 convolutions, which are plain products over
+// [B H W, C], run PruneSpmm with it.
+
+struct ConvGeom {
+  int64_t h, w, c, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+};
+
+// buf[i * W + q] for patch rows i in [i0, i1) and output positions p0 + q, q < W (zero for q >= tb and outside
+// the image). Eight positions at a time: where all eight read inside the image, eight channels at a time go
+// through an 8 x 8 register transpose (AVX2), the positions' pixels being C contiguous floats each.
+void PatchTile(const float* x, const ConvGeom& g, int64_t p0, int64_t tb, int64_t W, int64_t i0, int64_t i1,
+               float* buf) {
+  const int64_t per_image = g.oh * g.ow;
+  for (int64_t q0 = 0; q0 < W; q0 += 8) {
+    const int jn = static_cast<int>(std::min<int64_t>(8, W - q0));
+    int64_t base[8], iy0[8], ix0[8];
+    bool live[8];
+    for (int j = 0; j < jn; ++j) {
+      live[j] = q0 + j < tb;
+      const int64_t p = live[j] ? p0 + q0 + j : p0, b = p / per_image, r = p % per_image;
+      base[j] = b * g.h;
+      iy0[j] = (r / g.ow) * g.sh - g.pt;
+      ix0[j] = (r % g.ow) * g.sw - g.pl;
+    }
+    for (int64_t tap = i0 / g.c; tap * g.c < i1; ++tap) {
+      const int64_t dy = tap / g.kw, dx = tap % g.kw;
+      const int64_t c0 = std::max<int64_t>(i0 - tap * g.c, 0), c1 = std::min<int64_t>(i1 - tap * g.c, g.c);
+      const float* src[8];
+      bool all = jn == 8;
+      for (int j = 0; j < jn; ++j) {
+        const int64_t iy = iy0[j] + dy * g.dh, ix = ix0[j] + dx * g.dw;
+        const bool in = live[j] && iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
+        src[j] = in ? x + ((base[j] + iy) * g.w + ix) * g.c : nullptr;
+        all = all && in;
+      }
+      float* dst = buf + tap * g.c * W + q0;
+      int64_t c = c0;
+#ifdef PRUNE_AVX2
+      if (all) {
+        for (; c + 8 <= c1; c += 8) {
+          const float* rows[8];
+          for (int j = 0; j < 8; ++j) rows[j] = src[j] + c;
+          TransposeRows8(rows, dst + c * W, W);
+        }
+      }
+#endif
+      for (; c < c1; ++c)
+        for (int j = 0; j < jn; ++j) dst[c * W + j] = src[j] != nullptr ? src[j][c] : 0.0f;
+    }
+  }
+}
+
+// One spatial dimension of TF's convolution: the output size and the padding before it ("SAME": ceil(in /
+// stride), half the needed padding rounded down first; "VALID": no padding).
+void ConvDim(int64_t in, int64_t k, int64_t stride, int64_t dilation, bool same, int64_t* out, int64_t* pad) {
+  const int64_t eff = (k - 1) * dilation + 1;
+  if (same) {
+    *out = (in + stride - 1) / stride;
+    *pad = std::max<int64_t>(0, (*out - 1) * stride + eff - in) / 2;
+  } else {
+    *out = in >= eff ? (in - eff) / stride + 1 : 0;
+    *pad = 0;
+  }
+}
+
+// The geometry attributes PruneConv2d and PruneCol2im share, as TF's Conv2D reads them (two values each).
+struct ConvAttrs {
+  std::vector<int32> kernel, strides, dilations;
+  bool same = false;
+};
+
+Status ReadConvAttrs(OpKernelConstruction* ctx, ConvAttrs* a) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("kernel_size", &a->kernel));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("strides", &a->strides));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("dilations", &a->dilations));
+  std::string padding;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("padding", &padding));
+  a->same = padding == "SAME";
+  for (const auto* v : {&a->kernel, &a->strides, &a->dilations}) {
+    if (v->size() != 2 || (*v)[0] < 1 || (*v)[1] < 1 || (*v)[0] >= (1 << 16) || (*v)[1] >= (1 << 16))
+      return errors::InvalidArgument("kernel_size, strides and dilations must be two integers in [1, 65535]");
+  }
+  return OkStatus();
+}
+
+class PruneConv2dOp : public OpKernel {
+ public:
+  explicit PruneConv2dOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_in", &n_in_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_out", &n_out_));
+    OP_REQUIRES_OK(ctx, ReadConvAttrs(ctx, &attrs_));
+    OP_REQUIRES(ctx, n_in_ < (int64_t{1} << 31) && n_out_ < (int64_t{1} << 31),
+                errors::InvalidArgument("n_in and n_out must be below 2^31, got ", n_in_, " and ", n_out_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x_t = ctx->input(0);
+    const Tensor& values_t = ctx->input(1);
+    const int64_t taps = int64_t{attrs_.kernel[0]} * attrs_.kernel[1];
+    OP_REQUIRES(ctx, x_t.dims() == 4 && x_t.dim_size(3) * taps == n_in_,
+                errors::InvalidArgument("x must be [batch, height, width, ", n_in_ / taps, "] for n_in ", n_in_, " and a ",
+                                        attrs_.kernel[0], "x", attrs_.kernel[1], " kernel, got shape ", x_t.shape().DebugString()));
+    OP_REQUIRES(ctx, values_t.dims() == 1,
+                errors::InvalidArgument("values must be 1-D, got shape ", values_t.shape().DebugString()));
+    const int64_t nnz = values_t.dim_size(0), batch = x_t.dim_size(0);
+    Csr w, wt;
+    BlockCsr blocks;
+    Panels panels;
+    OP_REQUIRES_OK(ctx, Unpack(ctx->input(2), nnz, n_in_, n_out_, &w, &wt, &blocks, &panels));
+    ConvGeom g{x_t.dim_size(1), x_t.dim_size(2), x_t.dim_size(3), attrs_.kernel[1], attrs_.strides[0], attrs_.strides[1],
+               attrs_.dilations[0], attrs_.dilations[1], 0, 0, 0, 0};
+    ConvDim(g.h, attrs_.kernel[0], g.sh, g.dh, attrs_.same, &g.oh, &g.pt);
+    ConvDim(g.w, attrs_.kernel[1], g.sw, g.dw, attrs_.same, &g.ow, &g.pl);
+    Tensor* y_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, g.oh, g.ow, n_out_}), &y_t));
+    float* y = y_t->flat<float>().data();
+    const int64_t positions = batch * g.oh * g.ow;
+    if (positions == 0 || n_out_ == 0) return;
+    if (nnz == 0) {
+      std::memset(y, 0, sizeof(float) * positions * n_out_);
+      return;
+    }
+    const float* x = x_t.flat<float>().data();
+    const float* values = values_t.flat<float>().data();
+    const int64_t panel_rows = TileVectors(n_in_, positions, true) * kLanes;
+    const bool on_panels = UsePanels(panels, panel_rows) && (positions + panel_rows - 1) / panel_rows > NumThreads(ctx);
+    const TileFill fill = [&](int64_t p0, int64_t tb, int64_t W, int64_t i0, int64_t i1, float* buf) {
+      PatchTile(x, g, p0, tb, W, i0, i1, buf);
+    };
+    float* tv = Scratch(2, nnz);
+    // The gather checks every column and permutation entry the tiles then read unchecked.
+    if (on_panels) {
+      OP_REQUIRES(ctx, GatherValues(ctx, panels.perm, panels.cols, n_in_, values, nnz, tv),
+                  errors::InvalidArgument("structure holds an out-of-range column or permutation entry in its panel "
+                                          "section"));
+      panels.vals = tv;
+      TiledGather<false>(ctx, x, positions, wt, values, y, true, &panels, &fill);
+      return;
+    }
+    OP_REQUIRES(ctx, GatherValues(ctx, wt.perm, wt.cols, n_in_, values, nnz, tv),
+                errors::InvalidArgument("structure holds an out-of-range column or permutation entry in W^T's rows"));
+    TiledGather<false>(ctx, x, positions, wt, tv, y, true, nullptr, &fill);
+  }
+
+ private:
+  int64_t n_in_, n_out_;
+  ConvAttrs attrs_;
+};
+
+// dx = the input gradient of a convolution's patches: dx[b, iy, ix, c] = sum of dp[b, oy, ox, (dy * kw + dx) * C + c]
+// over the positions and taps that read (iy, ix), the transpose of PatchTile's gather (col2im). The backward pass
+// of PruneConv2d: dp = dy @ W^T comes from PruneSpmm (transpose). One image per unit of work, so no two threads
+// add into the same pixels; each tap adds C contiguous floats.
+class PruneCol2imOp : public OpKernel {
+ public:
+  explicit PruneCol2imOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadConvAttrs(ctx, &attrs_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& dp_t = ctx->input(0);
+    const Tensor& x_t = ctx->input(1);  // read for its shape only
+    OP_REQUIRES(ctx, x_t.dims() == 4, errors::InvalidArgument("x must be 4-D, got shape ", x_t.shape().DebugString()));
+    ConvGeom g{x_t.dim_size(1), x_t.dim_size(2), x_t.dim_size(3), attrs_.kernel[1], attrs_.strides[0], attrs_.strides[1],
+               attrs_.dilations[0], attrs_.dilations[1], 0, 0, 0, 0};
+    ConvDim(g.h, attrs_.kernel[0], g.sh, g.dh, attrs_.same, &g.oh, &g.pt);
+    ConvDim(g.w, attrs_.kernel[1], g.sw, g.dw, attrs_.same, &g.ow, &g.pl);
+    const int64_t batch = x_t.dim_size(0), k = int64_t{attrs_.kernel[0]} * attrs_.kernel[1] * g.c;
+    OP_REQUIRES(ctx, dp_t.dims() == 4 && dp_t.dim_size(0) == batch && dp_t.dim_size(1) == g.oh &&
+                         dp_t.dim_size(2) == g.ow && dp_t.dim_size(3) == k,
+                errors::InvalidArgument("dp must be [", batch, ", ", g.oh, ", ", g.ow, ", ", k, "] for x of shape ",
+                                        x_t.shape().DebugString(), ", got shape ", dp_t.shape().DebugString()));
+    Tensor* dx_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x_t.shape(), &dx_t));
+    float* dx = dx_t->flat<float>().data();
+    const float* dp = dp_t.flat<float>().data();
+    const int64_t image = g.h * g.w * g.c, kh = attrs_.kernel[0];
+    Parallel(ctx, batch, [&](int64_t b) {
+      float* out = dx + b * image;
+      std::memset(out, 0, sizeof(float) * image);
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const float* row = dp + ((b * g.oh + oy) * g.ow + ox) * k;
+          for (int64_t dy = 0; dy < kh; ++dy) {
+            const int64_t iy = oy * g.sh - g.pt + dy * g.dh;
+            if (iy < 0 || iy >= g.h) continue;
+            for (int64_t dx_ = 0; dx_ < g.kw; ++dx_) {
+              const int64_t ix = ox * g.sw - g.pl + dx_ * g.dw;
+              if (ix < 0 || ix >= g.w) continue;
+              float* __restrict o = out + (iy * g.w + ix) * g.c;
+              const float* __restrict src = row + (dy * g.kw + dx_) * g.c;
+              for (int64_t c = 0; c < g.c; ++c) o[c] += src[c];
+            }
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  ConvAttrs attrs_;
+};
 }  // namespace
 
 // The vector path compiled in, for prune.native.status() (read with ctypes); the
@@ -1140,5 +1381,44 @@ REGISTER_OP("PruneSddmm")
     })
     .Doc("dv[k] = sum_b x[b, i_k] * dy[b, j_k] over W's stored entries k = (i_k, j_k); values gives only nnz.");
 
+REGISTER_OP("PruneConv2d")
+    .Input("x: float")
+    .Input("values: float")
+    .Input("structure: int32")
+    .Attr("n_in: int >= 0")
+    .Attr("n_out: int >= 0")
+    .Attr("kernel_size: list(int)")
+    .Attr("strides: list(int)")
+    .Attr("dilations: list(int)")
+    .Attr("padding: {'SAME', 'VALID'}")
+    .Output("y: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &x));
+      int64_t n_out;
+      TF_RETURN_IF_ERROR(c->GetAttr("n_out", &n_out));
+      c->set_output(0, c->MakeShape({c->Dim(x, 0), c->UnknownDim(), c->UnknownDim(), n_out}));
+      return OkStatus();
+    })
+    .Doc("y = conv2d(x, W) (NHWC) for the patch matrix W [kh * kw * C, n_out] given by values and structure, with "
+         "TF's strides, dilations and padding; the patches are formed one tile at a time, in cache.");
+
+REGISTER_OP("PruneCol2im")
+    .Input("dp: float")
+    .Input("x: float")
+    .Attr("kernel_size: list(int)")
+    .Attr("strides: list(int)")
+    .Attr("dilations: list(int)")
+    .Attr("padding: {'SAME', 'VALID'}")
+    .Output("dx: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return OkStatus();
+    })
+    .Doc("dx (shaped as x) = the sum into each input pixel of the patch gradients dp [batch, H_out, W_out, kh * kw * C] "
+         "that read it (col2im), for TF's strides, dilations and padding.");
+
 REGISTER_KERNEL_BUILDER(Name("PruneSpmm").Device(DEVICE_CPU), PruneSpmmOp);
 REGISTER_KERNEL_BUILDER(Name("PruneSddmm").Device(DEVICE_CPU), PruneSddmmOp);
+REGISTER_KERNEL_BUILDER(Name("PruneConv2d").Device(DEVICE_CPU), PruneConv2dOp);
+REGISTER_KERNEL_BUILDER(Name("PruneCol2im").Device(DEVICE_CPU), PruneCol2imOp);

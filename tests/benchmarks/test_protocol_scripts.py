@@ -63,6 +63,21 @@ def test_fit_step_runs_tiny_and_keeps_its_columns(tmp_path):
     assert (df["median_step_ms"] <= df["median_step_ms_max"]).all()
 
 
+def test_conv_speed_runs_tiny_and_keeps_its_columns(tmp_path):
+    out = tmp_path / "conv_speed.csv"
+    proc = run("conv_speed.py", "--layers", "1x1:8-16@5,3x3:4-8@6", "--batches", "1", "--sparsities", "0.9", "--rounds",
+               "1", "--min-ms", "1", "--k-max", "8", "--out", str(out), "--allow-loaded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_header(out.with_suffix(".md"))
+    df = pd.read_csv(out)
+    assert {"layer", "batch", "sparsity", "form", "mode", "ms", "ms_min", "ms_max", "dense_ms", "x_dense"} <= set(df.columns)
+    assert len(df) == 2 * 3 * 2  # layers x forms x (forward, train)
+    assert set(df["form"]) == {"unstructured", "block 1x16", "auto"} and set(df["mode"]) == {"forward", "train"}
+    bad = run("conv_speed.py", "--layers", "3x3:32-64", "--out", str(tmp_path / "x.csv"), "--allow-loaded")
+    assert bad.returncode != 0 and "--layers entries must look like '3x3:32-64@28'" in bad.stderr
+    assert not (tmp_path / "x.csv").exists()
+
+
 @pytest.mark.slow
 def test_dst_update_runs_tiny(tmp_path):
     out = tmp_path / "dst_update.csv"
@@ -103,6 +118,7 @@ def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path, busy_
         "runner_workers.py": ["--config", str(config), "--repeats", "1", "--out", str(tmp_path / "runner_workers.json")],
         "deployed_latency.py": ["--rounds", "1", "--results", str(tmp_path / "results")],
         "loop_limit.py": ["--out", str(tmp_path / "loop_limit.csv")],
+        "conv_speed.py": ["--rounds", "1", "--out", str(tmp_path / "conv_speed.csv")],
     }
     for script, args in calls.items():
         proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)

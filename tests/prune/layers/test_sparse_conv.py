@@ -323,3 +323,38 @@ def test_bad_entries_and_inputs_are_refused_before_anything_is_built():
     np.testing.assert_array_equal(layer.values.numpy(), before)
     with pytest.raises(ValueError, match="keep"):
         layer.restructure(np.ones((3, 3, 2, 5), bool))
+
+
+def _op_types(fn, *args):
+    graph = fn.get_concrete_function(*args).graph
+    types = {op.type for op in graph.get_operations()}
+    for f in graph.as_graph_def().library.function:  # inside switch_case branches and gradient functions
+        types |= {node.op for node in f.node_def}
+    return types
+
+
+@pytest.mark.skipif(os.environ.get("PRUNE_NATIVE", "1").strip() == "0", reason="PRUNE_NATIVE=0 forces the fallback")
+@pytest.mark.parametrize("matmul", ["native", "auto"])
+def test_the_native_ops_run_forward_and_backward_without_a_patch_matrix_in_the_forward(matmul):
+    w, mask = _kernel((3, 3, 8, 16), 0.2, seed=4)
+    layer = SparseConv2D.from_dense(w.astype("float32"), mask, matmul=matmul, padding="same")
+    pointwise = SparseConv2D.from_dense(w[:1, :1].astype("float32"), mask[:1, :1], matmul=matmul)
+    x = tf.constant(np.random.default_rng(0).standard_normal((2, 9, 9, 8)).astype("float32"))
+
+    @tf.function
+    def forward(x):
+        return layer(x)
+
+    @tf.function
+    def train(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(layer(x) ** 2) + tf.reduce_sum(pointwise(x) ** 2)
+        return tape.gradient(loss, [x, layer.values, pointwise.values])
+
+    fwd = _op_types(forward, x)
+    assert "PruneConv2d" in fwd and "ExtractImagePatches" not in fwd  # auto: in a switch_case branch
+    back = _op_types(train, x)
+    assert {"PruneConv2d", "PruneCol2im", "PruneSddmm", "PruneSpmm"} <= back
+    gx, gv, gp = train(x)
+    assert gx.shape == x.shape and gv.shape == layer.values.shape and gp.shape == pointwise.values.shape
