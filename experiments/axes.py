@@ -104,6 +104,9 @@ class Model:
             just a Flatten.
         needs_image: Refuses flat-vector datasets.
         conv: Has 4-D convolution kernels (refuses block patterns).
+        keep_dense: Names of layers every pruning run keeps dense (:class:`prune.KeepDense`), e.g.
+            mobilenet's first convolution, which Zhu & Gupta (2017) leave unpruned.
+        width_multiplier: Takes a width multiplier ``alpha`` (:class:`experiments.config.ModelConfig`).
     """
 
     name: str
@@ -111,6 +114,8 @@ class Model:
     stem: str = ""
     needs_image: bool = False
     conv: bool = False
+    keep_dense: tuple[str, ...] = ()
+    width_multiplier: bool = False
 
 
 MODELS: Registry[Model] = Registry("model")
@@ -472,6 +477,8 @@ MODELS.register(Model("lenet300", hidden=(300, 100)))
 MODELS.register(Model("lenet5", hidden=(120, 84), stem="experiments.models:lenet5_stem", needs_image=True, conv=True))
 MODELS.register(Model("mlp", hidden=None))
 MODELS.register(Model("cnn", hidden=None, stem="experiments.models:lenet5_stem", needs_image=True, conv=True))
+MODELS.register(Model("mobilenet", hidden=(), stem="experiments.models:mobilenet_stem", needs_image=True, conv=True,
+                      keep_dense=("conv_0",), width_multiplier=True))
 
 _KERAS3 = "experiments.implementations:"
 IMPLEMENTATIONS.register(Implementation("dense", _KERAS3 + "train_keras3", prunes=False))

@@ -187,14 +187,21 @@ class ModelConfig:
             conv and dense layers pruned), ``mlp``, or ``cnn`` (lenet5's
             convolutions with the hidden Dense widths given: a narrower lenet5).
         widths: Hidden widths of ``mlp`` and ``cnn`` (required there, not allowed elsewhere).
+        alpha: ``mobilenet``'s width multiplier (Howard et al. 2017): every layer's channels times
+            ``alpha``, rounded, at least 8; 1.0 elsewhere.
     """
 
     SHORTHAND: ClassVar[str] = "name"  # a sweep file may write just the name
     name: str
     widths: tuple[int, ...] = ()
+    alpha: float = 1.0
 
     def __post_init__(self) -> None:
         spec = axes.MODELS.get(self.name)
+        _range("alpha", self.alpha, 0.0625, 4.0)
+        if self.alpha != 1.0 and not spec.width_multiplier:
+            takes = " or ".join(repr(m.name) for m in axes.MODELS if m.width_multiplier)
+            raise ConfigError("alpha", f"only model {takes} takes a width multiplier; {self.name!r} got {self.alpha!r}")
         if spec.hidden is None and not self.widths:
             raise ConfigError("widths", f"model {self.name!r} needs hidden widths, e.g. widths = [64, 32]")
         if spec.hidden is not None and self.widths:
@@ -205,8 +212,8 @@ class ModelConfig:
 
     @property
     def label(self) -> str:
-        """Short name for tables: ``mlp-64-32`` or the model name."""
-        return "-".join([self.name, *map(str, self.widths)])
+        """Short name for tables: ``mlp-64-32``, ``mobilenet-a0.5`` or the model name."""
+        return "-".join([self.name, *map(str, self.widths)] + ([f"a{self.alpha:g}"] if self.alpha != 1.0 else []))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -538,6 +545,9 @@ class RunConfig:
             raise ConfigError("output_layer", f"{impl.name} runs prune no layer, got {self.output_layer!r}")
         if self.output_layer != "pruned" and impl.name == "tfmot":
             raise ConfigError("output_layer", f"the tfmot baseline prunes every layer, got {self.output_layer!r}")
+        kept = axes.MODELS.get(self.model.name).keep_dense
+        if kept and impl.name == "tfmot":
+            raise ConfigError("model", f"the tfmot baseline prunes every layer; {self.model.name!r} keeps {list(kept)} dense")
         if not impl.prunes and self.method != MethodConfig():
             raise ConfigError("method", f"{impl.name} runs train no mask, so they take no method, got {self.method.name!r}")
         if impl.prunes and impl.name not in method.runs_on:

@@ -92,13 +92,21 @@ def pruning_kwargs(run: RunConfig) -> dict[str, Any]:
 
 
 def output_policy(run: RunConfig, plain: Any) -> dict[str, Any]:
-    """``{"pruning_policy": prune.KeepDense([output layer])}`` when ``run.output_layer == "dense"``, else ``{}``."""
-    if run.output_layer != "dense":
+    """``{"pruning_policy": prune.KeepDense([...])}`` naming the layers the run keeps dense, else ``{}``.
+
+    Those are the model's own (``keep_dense``: mobilenet's first convolution) and, when ``run.output_layer ==
+    "dense"``, the output layer.
+    """
+    from experiments import axes
+
+    kept = list(axes.MODELS.get(run.model.name).keep_dense)
+    if run.output_layer == "dense":
+        kept.append([layer.name for layer in plain.layers if hasattr(layer, "kernel")][-1])
+    if not kept:
         return {}
     import prune
 
-    last = [layer.name for layer in plain.layers if hasattr(layer, "kernel")][-1]
-    return {"pruning_policy": prune.KeepDense([last])}
+    return {"pruning_policy": prune.KeepDense(kept)}
 
 
 def fixed_batch(run: RunConfig, data: Data) -> tuple[np.ndarray, np.ndarray]:
@@ -133,11 +141,24 @@ def masked_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
 
 
 def sparse_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
-    """The masked model converted to SparseDense and SparseConv2D layers (compacted at mask updates)."""
-    from prune.deploy.convert import convert  # written beside this runner; imported lazily
-    from prune.layers.sparse import sparse_layers
+    """The masked model converted to SparseDense and SparseConv2D layers (compacted at mask updates).
 
-    sparse = convert(masked_model(run, data, plain, spe), to="sparse", matmul=run.implementation.matmul)
+    Layers the run keeps dense (:func:`output_policy`) stay plain ``Dense``/``Conv2D`` layers: ``convert``
+    alone would store them sparse too, with every entry and no schedule.
+    """
+    import keras
+
+    import prune
+    from prune.deploy.convert import convert  # written beside this runner; imported lazily
+    from prune.layers.sparse import SparseDense, sparse_layers
+
+    masked = masked_model(run, data, plain, spe)
+    pruned = {layer.name for layer in prune.prunable_layers(masked)}
+    sparse = convert(masked, to="sparse", matmul=run.implementation.matmul)
+    if any(isinstance(layer, SparseDense) and layer.name not in pruned for layer in sparse.layers):
+        layers = [layer.to_dense_layer() if isinstance(layer, SparseDense) and layer.name not in pruned else layer
+                  for layer in sparse.layers]
+        sparse = keras.Sequential([keras.Input(shape=tuple(data.input_shape)), *layers], name=sparse.name)
     layers = sparse_layers(sparse)
     if not layers or (run.schedule_used() is not None and any(layer.pruning_schedule is None for layer in layers)):
         raise RuntimeError("prune.convert(to='sparse') gave no SparseDense layer carrying the pruning schedule")

@@ -24,7 +24,7 @@ from experiments.axis_registry import resolve
 if TYPE_CHECKING:
     from experiments.config import ModelConfig
 
-__all__ = ["build", "initial_weights", "hidden_widths", "layer_positions", "lenet5_stem"]
+__all__ = ["build", "initial_weights", "hidden_widths", "layer_positions", "lenet5_stem", "mobilenet_stem"]
 
 
 def hidden_widths(config: ModelConfig) -> tuple[int, ...]:
@@ -33,7 +33,7 @@ def hidden_widths(config: ModelConfig) -> tuple[int, ...]:
     return tuple(config.widths) if fixed is None else fixed
 
 
-def lenet5_stem(keras: Any, input_shape: tuple[int, ...]) -> list[Any]:
+def lenet5_stem(keras: Any, input_shape: tuple[int, ...], config: ModelConfig | None = None) -> list[Any]:
     """lenet5's convolutions: conv(6, 5x5, same)-maxpool-conv(16, 5x5, same)-maxpool-flatten."""
     if len(input_shape) != 3:
         raise ValueError(f"lenet5 needs image inputs (H, W, C), got shape {tuple(input_shape)}")
@@ -45,6 +45,39 @@ def lenet5_stem(keras: Any, input_shape: tuple[int, ...]) -> list[Any]:
         L.MaxPooling2D(2, name="pool_1"),
         L.Flatten(name="flatten"),
     ]
+
+
+MOBILENET_BLOCKS = ((1, 64), (2, 128), (1, 128), (2, 256), (1, 256))
+"""``(depthwise stride, pointwise filters)`` of mobilenet's depthwise-separable blocks at ``alpha = 1``: MobileNet
+v1's first five (Howard et al. 2017, Table 1): two stride-2 blocks take 28 x 28 inputs to 7 x 7 (224 x 224 ImageNet
+inputs reach 28 x 28 there, after MobileNet's stride-2 first convolution, which this stem does not have)."""
+
+
+def mobilenet_stem(keras: Any, input_shape: tuple[int, ...], config: ModelConfig | None = None) -> list[Any]:
+    """A MobileNet-v1-style stem: conv(32a, 3x3) then depthwise-separable blocks, global average pooling.
+
+    Each block is a 3 x 3 ``DepthwiseConv2D`` (``dw_i``; stays dense, as in every pruning run here) and a 1 x 1
+    ``Conv2D`` (``conv_{i+1}``, pruned), each followed by batch normalisation and ReLU6; the first
+    convolution ``conv_0`` (stride 1, to keep 28 x 28 inputs at 28 x 28) is kept dense by the model
+    (``keep_dense``, as Zhu & Gupta keep MobileNet's first layer). Channels are ``max(8, round(a * c))`` for the
+    width multiplier ``a = config.alpha`` (Howard et al. 2017). Convolutions carry no bias (BN has one).
+    """
+    if len(input_shape) != 3:
+        raise ValueError(f"mobilenet needs image inputs (H, W, C), got shape {tuple(input_shape)}")
+    alpha = 1.0 if config is None else config.alpha
+    L = keras.layers
+
+    def width(c: int) -> int:
+        return max(8, int(round(alpha * c)))
+
+    layers = [L.Conv2D(width(32), 3, padding="same", use_bias=False, name="conv_0"),
+              L.BatchNormalization(name="bn_0"), L.ReLU(6.0, name="relu_0")]
+    for i, (stride, filters) in enumerate(MOBILENET_BLOCKS, start=1):
+        layers += [L.DepthwiseConv2D(3, strides=stride, padding="same", use_bias=False, name=f"dw_{i}"),
+                   L.BatchNormalization(name=f"dw_bn_{i}"), L.ReLU(6.0, name=f"dw_relu_{i}"),
+                   L.Conv2D(width(filters), 1, use_bias=False, name=f"conv_{i}"),
+                   L.BatchNormalization(name=f"bn_{i}"), L.ReLU(6.0, name=f"relu_{i}")]
+    return layers + [L.GlobalAveragePooling2D(name="flatten")]
 
 
 def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, keras: Any) -> Any:
@@ -64,7 +97,7 @@ def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, ker
     L = keras.layers
     spec = axes.MODELS.get(config.name)
     layers: list[Any] = [keras.Input(shape=tuple(input_shape))]
-    layers += resolve(spec.stem)(keras, tuple(input_shape)) if spec.stem else [L.Flatten(name="flatten")]
+    layers += resolve(spec.stem)(keras, tuple(input_shape), config) if spec.stem else [L.Flatten(name="flatten")]
     widths = hidden_widths(config)
     for i, w in enumerate(widths):
         layers.append(L.Dense(w, activation="relu", name=f"dense_{i}"))
@@ -73,11 +106,18 @@ def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, ker
 
 
 def initial_weights(model: Any, seed: int) -> list[np.ndarray]:
-    """Glorot-uniform kernels and zero biases from numpy, in ``model.get_weights()`` order."""
+    """Glorot-uniform kernels and zero biases from numpy, in ``model.get_weights()`` order.
+
+    Batch normalisation starts as Keras starts it: ``gamma`` and ``moving_variance`` ones, ``beta`` and
+    ``moving_mean`` zeros.
+    """
     rng = np.random.default_rng([seed, 1234])
     out = []
-    for w in model.get_weights():
-        if w.ndim >= 2:
+    names = [v.name.split("/")[-1].split(":")[0] for v in model.weights]  # Keras 3: "gamma"; tf-keras: ".../gamma:0"
+    for w, name in zip(model.get_weights(), names, strict=True):
+        if w.ndim == 1 and name in ("gamma", "moving_variance"):
+            out.append(np.ones_like(w))
+        elif w.ndim >= 2:
             receptive = int(np.prod(w.shape[:-2])) if w.ndim > 2 else 1
             fan_in, fan_out = w.shape[-2] * receptive, w.shape[-1] * receptive
             limit = np.sqrt(6.0 / (fan_in + fan_out))

@@ -392,3 +392,16 @@ def test_library_names_equal_the_library_registries():
     assert library_names.REPORT_COLUMNS is counting.REPORT_COLUMNS
     assert {k.library for k in axes.PATTERNS} == set(patterns.patterns())
     assert library_names.imp is imp and axes.ImpParams is imp.ImpParams and prune.training.lottery is lottery
+
+
+def test_mobilenet_takes_a_width_multiplier_and_the_others_refuse_one():
+    assert ModelConfig("mobilenet", alpha=0.5).label == "mobilenet-a0.5" and ModelConfig("mobilenet").label == "mobilenet"
+    with pytest.raises(ConfigError, match=r"alpha.*only model 'mobilenet' takes a width multiplier; 'lenet5' got 0.5"):
+        ModelConfig("lenet5", alpha=0.5)
+    with pytest.raises(ConfigError, match=r"alpha.*must be >= 0.0625, got 0.0"):
+        ModelConfig("mobilenet", alpha=0.0)
+    # the default is left out of the hash: every run hashed before alpha existed keeps its run_id
+    assert "alpha" not in canonical_json(ModelConfig("lenet5"))
+    with pytest.raises(ConfigError, match=r"model.*tfmot baseline prunes every layer; 'mobilenet' keeps \['conv_0'\] dense"):
+        RunConfig(ImplementationConfig("tfmot"), DatasetConfig("digits"), ModelConfig("mobilenet"), 0, sparsity=0.5,
+                  schedule=ScheduleConfig())

@@ -112,3 +112,52 @@ def test_layer_sparsity_is_a_tidy_long_table_beside_runs_csv_and_rebuilt_when_da
     assert table() == (LAYER_COLUMNS, want[2:])
     with pytest.raises(ValueError, match=r"run 'x': layer_sparsity 'abc' is not an object of numbers"):
         layer_rows([{"run_id": "x", "layer_sparsity": "abc"}])
+
+
+def test_mobilenet_is_depthwise_separable_blocks_scaled_by_alpha():
+    from experiments.models import MOBILENET_BLOCKS
+
+    for alpha, stem in ((1.0, 32), (0.5, 16), (0.25, 8)):
+        model = build(ModelConfig("mobilenet", alpha=alpha), (28, 28, 1), 10, keras)
+        assert model.get_layer("conv_0").kernel.shape == (3, 3, 1, stem)
+        c = stem
+        for i, (stride, filters) in enumerate(MOBILENET_BLOCKS, start=1):
+            width = max(8, round(alpha * filters))
+            dw, pw = model.get_layer(f"dw_{i}"), model.get_layer(f"conv_{i}")
+            assert type(dw) is keras.layers.DepthwiseConv2D and dw.kernel.shape == (3, 3, c, 1) and dw.strides == (stride, stride)
+            assert pw.kernel.shape == (1, 1, c, width) and pw.bias is None
+            c = width
+        assert model.get_layer("conv_5").output.shape == (None, 7, 7, c)  # 28 -> 28 -> 14 -> 14 -> 7 -> 7
+        assert tuple(model(np.zeros((2, 28, 28, 1), "float32")).shape) == (2, 10)
+    weights = initial_weights(model, 0)
+    by_name = {"/".join(v.path.split("/")[-2:]): w for v, w in zip(model.weights, weights)}
+    assert (by_name["bn_0/gamma"] == 1).all() and (by_name["bn_0/moving_variance"] == 1).all()
+    assert (by_name["bn_0/beta"] == 0).all() and (by_name["bn_0/moving_mean"] == 0).all()
+
+
+def test_mobilenet_runs_keep_the_first_and_depthwise_convolutions_dense_and_run_pointwise_ones_sparse(tmp_path):
+    from experiments.config import TrainingConfig
+    from experiments.data import load
+    from experiments.implementations import sparse_model, train_keras3
+    from experiments.models import seeded_model
+    from prune.layers.sparse_conv import SparseConv2D
+
+    def run(impl):
+        return RunConfig(ImplementationConfig(impl), DatasetConfig("digits"), ModelConfig("mobilenet", alpha=0.25), 0,
+                         training=TrainingConfig(epochs=2, batch_size=64, learning_rate=0.003), sparsity=0.75,
+                         schedule=ScheduleConfig("one_shot", begin=0.0))
+
+    data = load(run("masked").dataset)
+    plain, _ = seeded_model(run("sparse_tensor"), data, keras)
+    sparse = sparse_model(run("sparse_tensor"), data, plain, 10)
+    kinds = {layer.name: type(layer) for layer in sparse.layers}
+    assert kinds["conv_0"] is keras.layers.Conv2D and kinds["dw_1"] is keras.layers.DepthwiseConv2D
+    assert all(kinds[f"conv_{i}"] is SparseConv2D for i in range(1, 6))
+    for impl in ("masked", "sparse_tensor"):
+        (tmp_path / impl).mkdir()
+        out = train_keras3(run(impl), data, tmp_path / impl, lambda line: None)
+        zeros = {name: float(np.mean(k == 0.0)) for name, k in out["kernels"].items()}
+        assert zeros["conv_0"] == 0.0 and all(zeros[f"dw_{i}"] == 0.0 for i in range(1, 6)), zeros
+        for name in [f"conv_{i}" for i in range(1, 6)] + ["dense_0"]:
+            assert abs(zeros[name] - 0.75) < 0.01, (impl, name, zeros[name])
+        assert out["final"]["train_accuracy"] > 0.3, out["final"]  # it learns (chance is 0.1)
