@@ -83,20 +83,42 @@ def conv_output_size(size: int | None, kernel: int, stride: int, dilation: int, 
 def _prune_conv2d_grad(op: Any, dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, None]:
     """Gradients of the native ``PruneConv2d`` with respect to ``x`` and ``values`` (none for the structure).
 
-    Input gradient: ``dy @ W^T`` by ``PruneSpmm`` (transpose) into patch gradients, which ``PruneCol2im``
-    sums into the input pixels. Values gradient: ``PruneSddmm`` over the patches, formed by
-    ``tf.image.extract_patches``. So the backward pass materialises the patch matrix and its gradient, which the
-    forward pass does not. A registered gradient (not ``tf.custom_gradient``), so that the op differentiates
-    inside the ``tf.switch_case`` of ``matmul="auto"``.
+    Without dilation, TensorFlow's dense convolution gradients on the kernel scattered from the values
+    (``Conv2DBackpropInput`` and ``Conv2DBackpropFilter``, oneDNN's, what a ``Conv2D`` trains with), the kernel's
+    gradient read at the stored entries. With the native route below for every kernel, a 3x3 layer's training
+    step ran at 0.24-0.53x dense's speed at batch 32 (50-95% sparse, 32-64 channels at 14x14 and 28x28;
+    ``results/benchmarks/history/2026-12-03-amd-epyc-conv-native-gradient/conv_speed.md``), since it forms the
+    ``[positions, kh * kw * C]`` patches and their gradient whole; with these, 0.74-1.44x
+    (``results/benchmarks/conv_speed.md``; both on the same AMD EPYC, 2 threads).
+    With dilation (TensorFlow's CPU ``Conv2DBackpropInput`` refuses dilation rates above 1): the input
+    gradient ``dy @ W^T`` by ``PruneSpmm`` (transpose) into patch gradients, summed into the pixels by
+    ``PruneCol2im``; the values gradient by ``PruneSddmm`` over ``tf.image.extract_patches``.
+    A registered gradient (not ``tf.custom_gradient``), so that the op differentiates inside the
+    ``tf.switch_case`` of ``matmul="auto"``.
     """
     from prune import native
 
-    lib = native.load()
     x, values, structure = op.inputs
     n_in, n_out = op.get_attr("n_in"), op.get_attr("n_out")
     kernel, strides, dilations = (list(op.get_attr(a)) for a in ("kernel_size", "strides", "dilations"))
     padding = op.get_attr("padding")
     padding = padding.decode() if isinstance(padding, bytes) else padding
+    if dilations == [1, 1]:
+        rp = structure[: n_in + 1]  # the CSR of W (prune.native.structure): row pointers, then each entry's column
+        cols = structure[n_in + 1 : n_in + 1 + tf.shape(values)[0]]
+        indices = tf.stack([tf.repeat(tf.range(n_in), rp[1:] - rp[:-1]), cols], 1)
+        shape = [*kernel, n_in // (kernel[0] * kernel[1]), n_out]
+        w = tf.reshape(tf.scatter_nd(indices, values, [n_in, n_out]), shape)
+        conv_strides = [1, *strides, 1]
+        dx = tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=tf.shape(x), filter=w, out_backprop=dy, strides=conv_strides, padding=padding
+        )
+        dw = tf.raw_ops.Conv2DBackpropFilter(
+            input=x, filter_sizes=shape, out_backprop=dy, strides=conv_strides, padding=padding
+        )
+        dv = tf.gather_nd(tf.reshape(dw, [n_in, n_out]), indices)
+        return tf.ensure_shape(dx, x.shape), tf.ensure_shape(dv, values.shape), None
+    lib = native.load()
     shape = tf.shape(dy)
     dy_flat = tf.reshape(dy, [-1, n_out])
     d_patches = lib.prune_spmm(dy_flat, values, structure, n_in=n_in, n_out=n_out, transpose=True)

@@ -338,6 +338,7 @@ def _op_types(fn, *args):
 def test_the_native_ops_run_forward_and_backward_without_a_patch_matrix_in_the_forward(matmul):
     w, mask = _kernel((3, 3, 8, 16), 0.2, seed=4)
     layer = SparseConv2D.from_dense(w.astype("float32"), mask, matmul=matmul, padding="same")
+    dilated = SparseConv2D.from_dense(w.astype("float32"), mask, matmul=matmul, padding="same", dilation_rate=2)
     pointwise = SparseConv2D.from_dense(w[:1, :1].astype("float32"), mask[:1, :1], matmul=matmul)
     x = tf.constant(np.random.default_rng(0).standard_normal((2, 9, 9, 8)).astype("float32"))
 
@@ -349,12 +350,14 @@ def test_the_native_ops_run_forward_and_backward_without_a_patch_matrix_in_the_f
     def train(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            loss = tf.reduce_sum(layer(x) ** 2) + tf.reduce_sum(pointwise(x) ** 2)
-        return tape.gradient(loss, [x, layer.values, pointwise.values])
+            loss = tf.reduce_sum(layer(x) ** 2) + tf.reduce_sum(pointwise(x) ** 2) + tf.reduce_sum(dilated(x) ** 2)
+        return tape.gradient(loss, [x, layer.values, pointwise.values, dilated.values])
 
     fwd = _op_types(forward, x)
     assert "PruneConv2d" in fwd and "ExtractImagePatches" not in fwd  # auto: in a switch_case branch
     back = _op_types(train, x)
-    assert {"PruneConv2d", "PruneCol2im", "PruneSddmm", "PruneSpmm"} <= back
-    gx, gv, gp = train(x)
+    # kxk without dilation: TF's dense convolution gradients; with dilation: the native ones; 1x1: PruneSpmm's
+    assert {"PruneConv2d", "Conv2DBackpropInput", "Conv2DBackpropFilter", "PruneCol2im", "PruneSddmm", "PruneSpmm"} <= back
+    gx, gv, gp, gd = train(x)
     assert gx.shape == x.shape and gv.shape == layer.values.shape and gp.shape == pointwise.values.shape
+    assert gd.shape == dilated.values.shape
