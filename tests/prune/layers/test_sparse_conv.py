@@ -275,11 +275,12 @@ def test_tflite_and_portable_saved_model_export_compute_the_same_function(tmp_pa
     x, _ = _data(3)
     expected = sparse(x).numpy()
     np.testing.assert_allclose(export.run_tflite(export.to_tflite(sparse), x), expected, rtol=1e-5, atol=1e-5)
-    path = os.fspath(tmp_path / "saved")
-    export.saved_model(sparse, path, portable=True)
-    loaded = export.load_saved_model(path)  # held: its variables live as long as the object
-    served = loaded.serve(tf.constant(x))
-    np.testing.assert_allclose(np.asarray(served), expected, rtol=1e-5, atol=1e-5)
+    for portable in (True, False):  # TensorFlow ops only, and the model's own (native) kernels
+        path = os.fspath(tmp_path / f"saved-{portable}")
+        export.saved_model(sparse, path, portable=portable)
+        loaded = export.load_saved_model(path)  # held: its variables live as long as the object
+        served = loaded.serve(tf.constant(x))
+        np.testing.assert_allclose(np.asarray(served), expected, rtol=1e-5, atol=1e-5, err_msg=f"portable={portable}")
 
 
 @pytest.mark.parametrize(
