@@ -120,6 +120,7 @@ def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path, busy_
         "loop_limit.py": ["--out", str(tmp_path / "loop_limit.csv")],
         "conv_speed.py": ["--rounds", "1", "--out", str(tmp_path / "conv_speed.csv")],
         "conv_parts.py": ["--rounds", "1", "--out", str(tmp_path / "conv_parts.csv")],
+        "conv_model_speed.py": ["--rounds", "1", "--out", str(tmp_path / "conv_model_speed.csv")],
     }
     for script, args in calls.items():
         proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)
