@@ -21,18 +21,28 @@ How a call computes ``y = conv2d(x, kernel) + bias`` (``channels_last``):
   the native kernels and their block micro-kernels included (a structure of
   whole 1 x C tiles along the output channels, what ``Block((1, C))`` on the
   patch matrix leaves, is found by :func:`prune.native.structure`).
-* **k x k kernels, ``matmul="dense"``**: the values scattered into the 4-D
-  kernel and TensorFlow's dense convolution (``tf.nn.convolution``, as
-  Keras's ``Conv2D``).
-* **k x k kernels, other kernels**: ``tf.image.extract_patches`` (im2col)
-  then ``sparse_matmul`` over the ``[batch * H_out * W_out, kh * kw * C_in]``
-  patch matrix. That matrix is materialised, ``kh * kw`` times the input's
-  size (strides aside): the implicit-im2col native kernel, which would work
-  tile by tile in cache, is not written yet.
+* **k x k kernels, ``matmul="native"``** (float32, library loaded): the native
+  op ``PruneConv2d``, implicit im2col: the forward op's tiled kernel over the
+  output positions, each tile's patches written from the NHWC input into the
+  tile buffer, in cache, so the ``[batch * H_out * W_out, kh * kw * C_in]``
+  patch matrix is never formed. Its gradient (:func:`_prune_conv2d_grad`):
+  TensorFlow's dense convolution gradients without dilation, the native
+  ``PruneSpmm``/``PruneCol2im``/``PruneSddmm`` route with it.
+* **k x k kernels, ``matmul="auto"``**: a run-time ``tf.switch_case`` between
+  TensorFlow's dense convolution and ``PruneConv2d``, priced by
+  :mod:`prune.layers.kernels`' cost model with rows = output positions (fitted
+  on dense layers, not refitted on convolutions).
+* **k x k kernels, ``matmul="dense"``** (and under XLA): the values scattered
+  into the 4-D kernel and TensorFlow's dense convolution
+  (``tf.nn.convolution``, as Keras's ``Conv2D``).
+* **k x k kernels, ``"coo"``/``"csr"``, and the fallback** (``PRUNE_NATIVE=0``,
+  other dtypes): ``tf.image.extract_patches`` (im2col) then ``sparse_matmul``
+  over the patch matrix, which is then formed whole, ``kh * kw`` times the
+  input's size (strides aside); ``extract_patches`` has TensorFlow's own gradient.
 
-Gradients reach the input and ``values`` only, through the same kernels
-(``extract_patches`` has TensorFlow's own gradient). ``groups`` must be 1 and
-``data_format`` ``"channels_last"``; ``DepthwiseConv2D`` stays dense.
+Gradients reach the input and ``values`` only. ``groups`` must be 1 and
+``data_format`` ``"channels_last"``; ``DepthwiseConv2D`` stays dense. Speed:
+``docs/kernels.md`` (sparse convolutions).
 """
 
 from __future__ import annotations
@@ -384,9 +394,7 @@ class SparseConv2D(SparseDense):
                 values, indices, structure = (
                     tf.convert_to_tensor(v.value) for v in (self.values, self.indices, self.native_structure)
                 )
-                positions = tf.shape(x)[0] * int(static[1] or 0) * int(static[2] or 0) if None not in static[1:3] else (
-                    tf.reduce_prod(tf.shape(self._patches(x))[:3])
-                )
+                positions = tf.shape(x)[0] * self._output_positions(x)
                 which = kernels._argmin_branch(kernels._COST, ("dense", "native"), tf.shape(indices)[0], positions, *self.dense_shape)
                 y = tf.switch_case(
                     which,
@@ -394,6 +402,19 @@ class SparseConv2D(SparseDense):
                      lambda: self._native_conv(lib, x, values, structure)],
                 )
         return tf.ensure_shape(y, static)
+
+    def _output_positions(self, x: tf.Tensor) -> Any:
+        """``H_out * W_out`` of input ``x``: a Python int when its sizes are static, else a tensor (no patches formed)."""
+        static = self.compute_output_shape(tuple(x.shape))
+        if None not in static[1:3]:
+            return int(static[1]) * int(static[2])
+        shape = tf.shape(x)
+        sizes = []
+        for i in range(2):
+            k, s, d = self.kernel_size[i], self.strides[i], self.dilation_rate[i]
+            n = shape[1 + i]
+            sizes.append((n + s - 1) // s if self.padding == "same" else tf.maximum((n - d * (k - 1) - 1) // s + 1, 0))
+        return sizes[0] * sizes[1]
 
     def _patches(self, x: tf.Tensor) -> tf.Tensor:
         """The ``[B, H_out, W_out, kh * kw * C_in]`` patches of ``x`` (for 1 x 1, ``x`` itself, strided)."""

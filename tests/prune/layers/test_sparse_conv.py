@@ -362,3 +362,15 @@ def test_the_native_ops_run_forward_and_backward_without_a_patch_matrix_in_the_f
     gx, gv, gp, gd = train(x)
     assert gx.shape == x.shape and gv.shape == layer.values.shape and gp.shape == pointwise.values.shape
     assert gd.shape == dilated.values.shape
+
+
+@pytest.mark.parametrize("matmul", MATMULS)
+def test_unknown_spatial_sizes_in_a_traced_graph(matmul):
+    # a graph traced for any H and W (as a SavedModel serves): the output sizes come from the input at run time
+    w, mask = _kernel((3, 3, 2, 4), 0.5, seed=9)
+    layer = SparseConv2D.from_dense(w.astype("float32"), mask, matmul=matmul, strides=2, padding="valid")
+    fn = tf.function(lambda t: layer(t), input_signature=[tf.TensorSpec([None, None, None, 2], tf.float32)])
+    for shape in ((1, 7, 9, 2), (2, 12, 5, 2)):
+        x = np.random.default_rng(1).standard_normal(shape).astype("float32")
+        ref = _reference(x, w.astype("float32"), 0.0, 2, 1, "valid").numpy()
+        np.testing.assert_allclose(fn(tf.constant(x)).numpy(), ref, rtol=1e-5, atol=1e-5, err_msg=f"{matmul} {shape}")
