@@ -63,20 +63,15 @@ def pruned_model(name: str, sparsity: float):
     return masked, {layer.name for layer in prune.prunable_layers(masked)}
 
 
-def sparse_form(masked, pruned: set[str], matmul: str):
-    """``prune.convert(to="sparse")`` with the layers not pruned back to their plain Keras layers, without a schedule."""
-    import keras
+def sparse_form(masked, matmul: str):
+    """The runner's sparse form of ``masked`` (``experiments.implementations.sparse_where_pruned``), without a schedule."""
+    from experiments.implementations import sparse_where_pruned
+    from prune.layers.sparse import sparse_layers
 
-    import prune
-    from prune.layers.sparse import SparseDense
-
-    sparse = prune.convert(masked, to="sparse", matmul=matmul)
-    layers = [layer.to_dense_layer() if isinstance(layer, SparseDense) and layer.name not in pruned else layer
-              for layer in sparse.layers]
-    for layer in layers:
-        if isinstance(layer, SparseDense):
-            layer.pruning_schedule = None  # a fixed structure: the training rows time steps, not mask updates
-    return keras.Sequential([keras.Input(shape=masked.input_shape[1:]), *layers], name=f"{masked.name}_{matmul}")
+    sparse = sparse_where_pruned(masked, matmul)
+    for layer in sparse_layers(sparse):
+        layer.pruning_schedule = None  # a fixed structure: the training rows time steps, not mask updates
+    return sparse
 
 
 def train_fn(model, x, y):
@@ -135,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         masked, pruned = pruned_model(name, args.sparsity)
         plain = prune.strip_pruning(masked)
-        tf_forms = {"tf dense": plain, "prune native": sparse_form(masked, pruned, "native"),
-                    "prune auto": sparse_form(masked, pruned, "auto")}
+        tf_forms = {"tf dense": plain, "prune native": sparse_form(masked, "native"),
+                    "prune auto": sparse_form(masked, "auto")}
         flat = {"litert dense": to_tflite(plain, sparsity=False), "litert sparse": to_tflite(plain, sparsity=True)}
         stored = sum(int(np.count_nonzero(layer.kernel.numpy())) for layer in plain.layers if hasattr(layer, "kernel"))
         info[name] = dict(pruned=",".join(sorted(pruned)), stored_weights=stored,

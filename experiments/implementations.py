@@ -140,25 +140,33 @@ def masked_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
     return prune.prune_low_magnitude(plain, schedule, **pruning_kwargs(run), **output_policy(run, plain))
 
 
-def sparse_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
-    """The masked model converted to SparseDense and SparseConv2D layers (compacted at mask updates).
+def sparse_where_pruned(masked: Any, matmul: str) -> Any:
+    """``prune.convert(masked, to="sparse")`` with the layers that carry no mask back to plain ``Dense``/``Conv2D``.
 
-    Layers the run keeps dense (:func:`output_policy`) stay plain ``Dense``/``Conv2D`` layers: ``convert``
-    alone would store them sparse too, with every entry and no schedule.
+    ``convert`` alone stores a plain layer sparse too (its nonzeros, here every entry, with no schedule); the layers a
+    run keeps dense (:func:`output_policy`) stay plain instead. ``masked`` is a Sequential model.
     """
     import keras
 
     import prune
     from prune.deploy.convert import convert  # written beside this runner; imported lazily
-    from prune.layers.sparse import SparseDense, sparse_layers
+    from prune.layers.sparse import SparseDense
 
-    masked = masked_model(run, data, plain, spe)
     pruned = {layer.name for layer in prune.prunable_layers(masked)}
-    sparse = convert(masked, to="sparse", matmul=run.implementation.matmul)
-    if any(isinstance(layer, SparseDense) and layer.name not in pruned for layer in sparse.layers):
-        layers = [layer.to_dense_layer() if isinstance(layer, SparseDense) and layer.name not in pruned else layer
-                  for layer in sparse.layers]
-        sparse = keras.Sequential([keras.Input(shape=tuple(data.input_shape)), *layers], name=sparse.name)
+    sparse = convert(masked, to="sparse", matmul=matmul)
+    if not any(isinstance(layer, SparseDense) and layer.name not in pruned for layer in sparse.layers):
+        return sparse
+    layers = [layer.to_dense_layer() if isinstance(layer, SparseDense) and layer.name not in pruned else layer
+              for layer in sparse.layers]
+    return keras.Sequential([keras.Input(shape=tuple(masked.input_shape[1:])), *layers], name=sparse.name)
+
+
+def sparse_model(run: RunConfig, data: Data, plain: Any, spe: int) -> Any:
+    """The masked model converted to SparseDense and SparseConv2D layers (compacted at mask updates), the layers the
+    run keeps dense plain (:func:`sparse_where_pruned`)."""
+    from prune.layers.sparse import sparse_layers
+
+    sparse = sparse_where_pruned(masked_model(run, data, plain, spe), run.implementation.matmul)
     layers = sparse_layers(sparse)
     if not layers or (run.schedule_used() is not None and any(layer.pruning_schedule is None for layer in layers)):
         raise RuntimeError("prune.convert(to='sparse') gave no SparseDense layer carrying the pruning schedule")

@@ -123,6 +123,16 @@ def _make_dynamic(var: Any, value: Any) -> bool:
     return replaced
 
 
+def _check_finite(w: np.ndarray, name: str) -> None:
+    """Refuse a dense weight holding NaN or inf (the pruning engine refuses those too), naming the first."""
+    if w.dtype.kind in "fc" and not np.all(np.isfinite(w)):
+        bad = np.argwhere(~np.isfinite(w))
+        raise ValueError(
+            f"{name} holds {len(bad)} NaN or infinite entries (the first at {tuple(int(i) for i in bad[0])}: "
+            f"{w[tuple(bad[0])]!r}); a sparse layer cannot be built from them"
+        )
+
+
 def _check_bias(bias: Any, n_out: int) -> None:
     """Refuse a ``bias`` (construction input, ``None`` allowed) that is not ``n_out`` real numbers."""
     if bias is None:
@@ -300,12 +310,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
         w = np.asarray(weights)
         if w.ndim != 2:
             raise ValueError(f"weights must be a 2-D [n_in, n_out] matrix, got shape {w.shape}")
-        if w.dtype.kind in "fc" and not np.all(np.isfinite(w)):
-            bad = np.argwhere(~np.isfinite(w))
-            raise ValueError(
-                f"weights holds {len(bad)} NaN or infinite entries (the first at {tuple(int(i) for i in bad[0])}: "
-                f"{w[tuple(bad[0])]!r}); a sparse layer cannot be built from them"
-            )
+        _check_finite(w, "weights")
         keep = _masks.validate_mask(mask, w.shape, name="mask")
         idx = np.argwhere(keep)
         return cls.from_sparse(idx, w[keep], w.shape, matmul=matmul, bias=bias, **layer_kwargs)

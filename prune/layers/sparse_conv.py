@@ -57,7 +57,7 @@ import tensorflow as tf
 from prune._internals import override_call
 from prune.layers import kernels
 from prune.layers.kinds import register_layer
-from prune.layers.sparse import SparseDense, _check_bias
+from prune.layers.sparse import SparseDense, _check_bias, _check_finite
 
 __all__ = ["SparseConv2D", "conv_output_size"]
 
@@ -333,12 +333,7 @@ class SparseConv2D(SparseDense):
             raise ValueError(f"kernel must be a 4-D [kh, kw, C_in, C_out] array, got shape {w.shape}")
         if not kernels.is_real_dtype(w.dtype):
             raise ValueError(f"kernel must be real numbers, got dtype {w.dtype}")
-        if not np.all(np.isfinite(w)):
-            bad = np.argwhere(~np.isfinite(w))
-            raise ValueError(
-                f"kernel holds {len(bad)} NaN or infinite entries (the first at {tuple(int(i) for i in bad[0])}: "
-                f"{w[tuple(bad[0])]!r}); a sparse layer cannot be built from them"
-            )
+        _check_finite(w, "kernel")
         keep = _masks.validate_mask(mask, w.shape, name="mask")
         return cls.from_sparse(
             np.argwhere(keep), w[keep], w.shape, matmul=matmul, bias=bias, input_shape=input_shape, **layer_kwargs
@@ -394,7 +389,7 @@ class SparseConv2D(SparseDense):
                 values, indices, structure = (
                     tf.convert_to_tensor(v.value) for v in (self.values, self.indices, self.native_structure)
                 )
-                positions = tf.shape(x)[0] * self._output_positions(x)
+                positions = tf.shape(x)[0] * self._output_positions(x, static)
                 which = kernels._argmin_branch(kernels._COST, ("dense", "native"), tf.shape(indices)[0], positions, *self.dense_shape)
                 y = tf.switch_case(
                     which,
@@ -403,9 +398,9 @@ class SparseConv2D(SparseDense):
                 )
         return tf.ensure_shape(y, static)
 
-    def _output_positions(self, x: tf.Tensor) -> Any:
-        """``H_out * W_out`` of input ``x``: a Python int when its sizes are static, else a tensor (no patches formed)."""
-        static = self.compute_output_shape(tuple(x.shape))
+    def _output_positions(self, x: tf.Tensor, static: tuple) -> Any:
+        """``H_out * W_out`` of input ``x`` (``static``: its output shape as far as known): a Python int when the
+        sizes are static, else a tensor (no patches formed)."""
         if None not in static[1:3]:
             return int(static[1]) * int(static[2])
         shape = tf.shape(x)
@@ -479,10 +474,7 @@ class SparseConv2D(SparseDense):
             raise ValueError(f"SparseConv2D layer {self.name!r} must be built before it becomes a Conv2D layer")
         conv = keras.layers.Conv2D(
             self.filters,
-            self.kernel_size,
-            strides=self.strides,
-            padding=self.padding,
-            dilation_rate=self.dilation_rate,
+            **self.geometry(),
             activation=self.activation,
             use_bias=self.use_bias,
             name=self.name,
@@ -524,13 +516,10 @@ class SparseConv2D(SparseDense):
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.pop("units")
-        config.update(
-            filters=self.filters,
-            kernel_size=self.kernel_size,
-            strides=self.strides,
-            padding=self.padding,
-            data_format=self.data_format,
-            dilation_rate=self.dilation_rate,
-            groups=self.groups,
-        )
+        config.update(filters=self.filters, data_format=self.data_format, groups=self.groups, **self.geometry())
         return config
+
+    def geometry(self) -> dict[str, Any]:
+        """``kernel_size``, ``strides``, ``padding`` and ``dilation_rate``, as ``Conv2D`` takes them."""
+        return dict(kernel_size=self.kernel_size, strides=self.strides, padding=self.padding,
+                    dilation_rate=self.dilation_rate)

@@ -1217,6 +1217,15 @@ Status ReadConvAttrs(OpKernelConstruction* ctx, ConvAttrs* a) {
   return OkStatus();
 }
 
+// The geometry of a convolution of the NHWC x (4-D, checked by the caller) with these attributes.
+ConvGeom Geometry(const ConvAttrs& a, const Tensor& x) {
+  ConvGeom g{x.dim_size(1), x.dim_size(2), x.dim_size(3), a.kernel[1], a.strides[0], a.strides[1], a.dilations[0],
+             a.dilations[1], 0, 0, 0, 0};
+  ConvDim(g.h, a.kernel[0], g.sh, g.dh, a.same, &g.oh, &g.pt);
+  ConvDim(g.w, a.kernel[1], g.sw, g.dw, a.same, &g.ow, &g.pl);
+  return g;
+}
+
 class PruneConv2dOp : public OpKernel {
  public:
   explicit PruneConv2dOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -1241,10 +1250,7 @@ class PruneConv2dOp : public OpKernel {
     BlockCsr blocks;
     Panels panels;
     OP_REQUIRES_OK(ctx, Unpack(ctx->input(2), nnz, n_in_, n_out_, &w, &wt, &blocks, &panels));
-    ConvGeom g{x_t.dim_size(1), x_t.dim_size(2), x_t.dim_size(3), attrs_.kernel[1], attrs_.strides[0], attrs_.strides[1],
-               attrs_.dilations[0], attrs_.dilations[1], 0, 0, 0, 0};
-    ConvDim(g.h, attrs_.kernel[0], g.sh, g.dh, attrs_.same, &g.oh, &g.pt);
-    ConvDim(g.w, attrs_.kernel[1], g.sw, g.dw, attrs_.same, &g.ow, &g.pl);
+    const ConvGeom g = Geometry(attrs_, x_t);
     Tensor* y_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, g.oh, g.ow, n_out_}), &y_t));
     float* y = y_t->flat<float>().data();
@@ -1295,10 +1301,7 @@ class PruneCol2imOp : public OpKernel {
     const Tensor& dp_t = ctx->input(0);
     const Tensor& x_t = ctx->input(1);  // read for its shape only
     OP_REQUIRES(ctx, x_t.dims() == 4, errors::InvalidArgument("x must be 4-D, got shape ", x_t.shape().DebugString()));
-    ConvGeom g{x_t.dim_size(1), x_t.dim_size(2), x_t.dim_size(3), attrs_.kernel[1], attrs_.strides[0], attrs_.strides[1],
-               attrs_.dilations[0], attrs_.dilations[1], 0, 0, 0, 0};
-    ConvDim(g.h, attrs_.kernel[0], g.sh, g.dh, attrs_.same, &g.oh, &g.pt);
-    ConvDim(g.w, attrs_.kernel[1], g.sw, g.dw, attrs_.same, &g.ow, &g.pl);
+    const ConvGeom g = Geometry(attrs_, x_t);
     const int64_t batch = x_t.dim_size(0), k = int64_t{attrs_.kernel[0]} * attrs_.kernel[1] * g.c;
     OP_REQUIRES(ctx, dp_t.dims() == 4 && dp_t.dim_size(0) == batch && dp_t.dim_size(1) == g.oh &&
                          dp_t.dim_size(2) == g.ow && dp_t.dim_size(3) == k,
