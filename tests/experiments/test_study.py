@@ -15,7 +15,7 @@ import pytest
 
 from experiments import data as data_mod
 from experiments.config import ConfigError, DatasetConfig, ImplementationConfig, MethodConfig, ModelConfig, RunConfig
-from experiments.stats import mean_ci, paired, paired_table, welch
+from experiments.stats import holm, mean_ci, paired, paired_table, welch
 
 # -- intervals: exact values on tiny inputs ------------------------------------------------------------------
 
@@ -71,6 +71,18 @@ def test_welch_matches_its_formula_and_scipy():
     assert r.excludes(0.0)
     with pytest.raises(ValueError, match="at least 2 values on each side, got 1 and 4"):
         welch([0.9], b)
+
+
+def test_holm_adjusts_step_down_in_the_given_order():
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (monotone)
+    np.testing.assert_allclose(holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02], rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(holm([0.6, 0.5]), [1.0, 1.0])  # capped at 1
+    assert holm([0.02]).tolist() == [0.02]  # one test: unchanged
+    for bad, shown in (([0.1, float("nan")], "nan"), ([1.5], "1.5"), ([-0.1], "-0.1")):
+        with pytest.raises(ValueError, match=rf"p_values must each be in \[0, 1\], got \[{shown}\]"):
+            holm(bad)
+    with pytest.raises(ValueError, match="at least one p-value"):
+        holm([])
 
 
 # -- data -------------------------------------------------------------------------------------------------
