@@ -24,7 +24,11 @@ deployed and puts them on one figure with their test accuracy:
 ``--study lenet5`` LeNet-5's five (GMP at 90 % in ``fmnist_lenet5``, at 50-98 % in
 ``fmnist_lenet5_gmp``; small dense models in ``fmnist_lenet5_small_dense`` and
 ``fmnist_lenet5_small_dense_sizes``; its patterns sweep has 2:4 and channels:
-block patterns need 2-D weights).
+block patterns need 2-D weights); ``--study mobilenet`` the MobileNet-style model's
+two (issue 34: GMP at 50-90 % in ``fmnist_mobilenet_gmp``, dense widths in
+``fmnist_mobilenet_small_dense``), at batch 1 and 32, its pruned pointwise
+convolutions deployed as ``SparseConv2D`` on the native kernels
+(:data:`SPARSE_CONVOLUTIONS`).
 
 Latency is timed on the seed-0 run of each cell (the deployed structure is
 the same shape for every seed; the accuracy is the mean over seeds with its
@@ -77,10 +81,19 @@ STUDIES = {
     "lenet300": {"methods": "fmnist_lenet300", "patterns": "fmnist_lenet300_patterns", "small": "fmnist_lenet300_small_dense"},
     "lenet5": {"methods": "fmnist_lenet5", "gmp": "fmnist_lenet5_gmp", "patterns": "fmnist_lenet5_patterns",
                "small": "fmnist_lenet5_small_dense", "small_sizes": "fmnist_lenet5_small_dense_sizes"},
+    "mobilenet": {"methods": "fmnist_mobilenet_gmp", "small": "fmnist_mobilenet_small_dense"},
 }
 """Each study's sweeps by role; ``methods`` names the study's folder, where ``latency.csv`` goes. LeNet-5's
-methods sweep has one sparsity (90 %); ``gmp`` and ``small_sizes`` add the others."""
-BATCHES = (1, 256)
+methods sweep has one sparsity (90 %); ``gmp`` and ``small_sizes`` add the others. MobileNet's dense model
+(alpha = 1) is in its small-dense sweep."""
+BATCHES = {"lenet300": (1, 256), "lenet5": (1, 256), "mobilenet": (1, 32)}
+"""The batches each study is timed at: MobileNet's at 1 and 32, the batches of issue 34's targets."""
+SPARSE_CONVOLUTIONS = {"mobilenet": "native"}
+"""Studies whose pruned convolutions deploy as ``SparseConv2D`` (``experiments.implementations.sparse_where_pruned``
+with this ``matmul``), for every pruned layer. The others keep their convolutions ``Conv2D`` with their zeros and
+their Dense layers ``SparseDense`` ``auto``, the form their committed tables timed. ``native``, not ``auto``: on
+MobileNet at 90%, ``conv_model_speed.md`` (2026-12-03) measured native faster at batch 32 (12.3 against 14.6 ms)
+and level at batch 1."""
 RUNTIMES = ("tf", "litert", "litert_sparse")
 """Each model is timed three ways: as deployed in a ``tf.function`` (``tf``), and in LiteRT's interpreter, where a
 user deploys at batch 1, from the same weights as a dense flatbuffer (``litert``: ``prune.export.to_tflite(plain,
@@ -137,9 +150,10 @@ def _checkpoint(checkpoints: Path, sweep: str, run_id: str) -> Path:
     return path
 
 
-def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str, checkpoints: Path | None = None):
+def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str, checkpoints: Path | None = None,
+           conv_matmul: str | None = None):
     """The deployed Keras model of one run, rebuilt from its config and checkpoint (under ``checkpoints``, else
-    ``results``)."""
+    ``results``); ``conv_matmul``: the study's :data:`SPARSE_CONVOLUTIONS` entry."""
     import keras
 
     import prune
@@ -159,6 +173,10 @@ def _model(results: Path, configs: Path, sweep: str, run_id: str, family: str, c
     masked.load_weights(weights)
     if family == "channel":
         return prune.shrink(prune.strip_pruning(masked)), data
+    if conv_matmul is not None:
+        from experiments.implementations import sparse_where_pruned
+
+        return sparse_where_pruned(masked, conv_matmul), data
     return _sparse_deployed(masked, keras), data
 
 
@@ -199,10 +217,20 @@ def _weights(model) -> int:
 
 
 def _kernel(model) -> str:
-    """``SparseDense auto`` (the layer picks its kernel per call) or ``Dense`` (plain, or shrunk)."""
+    """The sparse layers' class and ``matmul`` (``SparseDense auto``: the layer picks its kernel per call;
+    ``SparseConv2D native``), or ``Dense`` (plain, or shrunk)."""
     from prune.layers.sparse import SparseDense
 
-    return "SparseDense auto" if any(isinstance(layer, SparseDense) for layer in model.layers) else "Dense"
+    kinds = sorted({f"{type(layer).__name__} {layer.matmul}" for layer in model.layers if isinstance(layer, SparseDense)})
+    return ", ".join(kinds) or "Dense"
+
+
+def _tf_form(study: str) -> str:
+    """The TF graph's sparse layers in a study, for the table's header."""
+    if study in SPARSE_CONVOLUTIONS:
+        return (f"SparseConv2D/SparseDense with matmul={SPARSE_CONVOLUTIONS[study]!r} for every pruned layer, "
+                "the layers kept dense plain")
+    return "SparseDense with matmul='auto' for pruned Dense layers, convolutions Conv2D with their zeros"
 
 
 def _plain(model, family: str):
@@ -261,7 +289,8 @@ def measure(args: argparse.Namespace, threads: tuple[int, int]) -> pd.DataFrame:
         first = group.sort_values("seed").iloc[0]
         ci = mean_ci(group["test_accuracy"])
         try:
-            model, data = _model(results, configs, first["sweep"], first["run_id"], family, checkpoints)
+            model, data = _model(results, configs, first["sweep"], first["run_id"], family, checkpoints,
+                                 SPARSE_CONVOLUTIONS.get(args.study))
         except ValueError as e:  # prune.shrink refuses what it cannot remove exactly (LeNet-5's padding='same')
             if family != "channel":
                 raise
@@ -273,7 +302,7 @@ def measure(args: argparse.Namespace, threads: tuple[int, int]) -> pd.DataFrame:
         flat = {"litert": to_tflite(plain, sparsity=False)}
         if family not in ("dense", "small dense", "channel"):
             flat["litert_sparse"] = to_tflite(plain, sparsity=True)
-        for b in BATCHES:
+        for b in BATCHES[args.study]:
             x = data.x_test[np.arange(b) % len(data.x_test)]
             xt = tf.constant(x)
             reference = np.asarray(fn(xt))
@@ -295,7 +324,7 @@ def measure(args: argparse.Namespace, threads: tuple[int, int]) -> pd.DataFrame:
     status = native.status()
     rows = []
     for c in cells:
-        for b in BATCHES:
+        for b in BATCHES[args.study]:
             row = {k: v for k, v in c.items() if k != "key"}
             row.update(batch=b, rounds=args.rounds, min_ms=args.min_ms, intra_op_threads=threads[0],
                        inter_op_threads=threads[1], litert_threads=threads[0], cpu_model=cpu_model(),
@@ -379,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             extra=[f"Seed 0 of each cell, rebuilt from its checkpoint; accuracy: mean over seeds with its 95% t "
                    f"interval, from the runs tables. {args.rounds} interleaved rounds, each timing at least "
                    f"{args.min_ms:g} ms of back-to-back calls; median (min-max) over rounds.",
-                   "TF graph: the deployed Keras model (SparseDense with matmul='auto' for pruned Dense layers) in a "
+                   f"TF graph: the deployed Keras model ({_tf_form(args.study)}) in a "
                    "tf.function, input a constant, output read back. LiteRT: the same weights, stripped to plain "
                    "layers, converted by prune.export.to_tflite (sparsity=False: dense; True: LiteRT's sparse weight "
                    "format); a call sets the input, invokes and reads the output. Each LiteRT model's output was "

@@ -78,6 +78,40 @@ def test_conv_speed_runs_tiny_and_keeps_its_columns(tmp_path):
     assert not (tmp_path / "x.csv").exists()
 
 
+def test_conv_model_parts_times_every_layer_and_bounds_the_speed_up(tmp_path):
+    out = tmp_path / "conv_model_parts.csv"
+    proc = run("conv_model_parts.py", "--models", "lenet5", "--batches", "1", "--rounds", "1", "--min-ms", "1",
+               "--out", str(out), "--allow-loaded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = assert_header(out.with_suffix(".md"))
+    df = pd.read_csv(out)
+    assert {"model", "batch", "form", "layer", "part", "pruned", "ms", "ms_min", "ms_max", "k"} <= set(df.columns)
+    # LeNet-5's 8 layers in tf dense, its 3 pruned ones (conv_1, dense_0, dense_1) again in prune native, the model twice
+    assert len(df) == 8 + 3 + 2
+    assert sorted(df[df["form"] == "prune native"]["layer"]) == ["(whole model)", "conv_1", "dense_0", "dense_1"]
+    assert set(df[df["pruned"]]["part"]) == {"conv 5x5 (pruned)", "Dense (pruned)"}
+    assert "### lenet5, batch 1" in text and "the parts bound the speed-up at" in text
+
+
+def test_conv_model_parts_markdown_sums_parts_and_bounds_the_speed_up():
+    import conv_model_parts
+
+    rows = [("(whole model)", "(whole model)", False, "tf dense", 3.5), ("(whole model)", "(whole model)", False,
+            "prune native", 2.5), ("dw_1", "depthwise 3x3", False, "tf dense", 1.0),
+            ("bn_1", "batch norm", False, "tf dense", 0.5), ("conv_1", "pointwise 1x1 (pruned)", True, "tf dense", 2.0),
+            ("conv_1", "pointwise 1x1 (pruned)", True, "prune native", 0.5)]
+    df = pd.DataFrame([dict(model="m", batch=1, layer=a, part=b, pruned=c, form=d, ms=e) for a, b, c, d, e in rows])
+    lines = conv_model_parts.markdown(df).splitlines()
+    assert "| pointwise 1x1 (pruned) | 1 | 2.000 | 0.500 | 57% |" in lines
+    assert "| depthwise 3x3 | 1 | 1.000 | 1.000 | 29% |" in lines
+    assert "| sum of the layers | 3 | 3.500 | 2.000 | |" in lines
+    assert "| whole model, one graph | | 3.500 | 2.500 | |" in lines
+    # dense sum 3.5, sparse 2.0: 1.75x; the kept layers take 1.5, so at most 3.5 / 1.5 = 2.33x; pruned layer 4x
+    assert lines[-1] == ("Sum of the layers: prune native at 1.75x tf dense. The pruned layers take 57% of the dense sum, "
+                         "so the parts bound the speed-up at 2.33x (the pruned layers at zero time); prune native's "
+                         "pruned layers run at 4.00x their dense time.")
+
+
 @pytest.mark.slow
 def test_dst_update_runs_tiny(tmp_path):
     out = tmp_path / "dst_update.csv"
@@ -121,6 +155,7 @@ def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path, busy_
         "conv_speed.py": ["--rounds", "1", "--out", str(tmp_path / "conv_speed.csv")],
         "conv_parts.py": ["--rounds", "1", "--out", str(tmp_path / "conv_parts.csv")],
         "conv_model_speed.py": ["--rounds", "1", "--out", str(tmp_path / "conv_model_speed.csv")],
+        "conv_model_parts.py": ["--rounds", "1", "--out", str(tmp_path / "conv_model_parts.csv")],
     }
     for script, args in calls.items():
         proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)

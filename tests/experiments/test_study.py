@@ -249,6 +249,44 @@ def test_deployed_sparse_form_is_sparse_only_where_pruned_and_computes_the_same_
     assert deployed_latency._plain(plain, "dense") is plain  # dense, small dense and shrunk models are plain already
 
 
+def test_deployed_latency_runs_mobilenet_pointwise_convolutions_as_sparse_conv2d():
+    """--study mobilenet deploys every pruned layer sparse (SparseConv2D for the 1x1 convolutions), the kept ones
+    plain; its weight count and kernel label see the convolution, and LiteRT runs the same function."""
+    import sys
+
+    import prune
+    from experiments.implementations import sparse_where_pruned
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import deployed_latency
+
+    assert deployed_latency.SPARSE_CONVOLUTIONS == {"mobilenet": "native"}
+    assert deployed_latency.BATCHES["mobilenet"] == (1, 32)
+    assert set(deployed_latency.STUDIES["mobilenet"].values()) == {"fmnist_mobilenet_gmp", "fmnist_mobilenet_small_dense"}
+    plain = keras.Sequential([
+        keras.Input((6, 6, 1)),
+        keras.layers.Conv2D(8, 3, padding="same", use_bias=False, name="conv_0"),
+        keras.layers.Conv2D(16, 1, use_bias=False, name="conv_1"),
+        keras.layers.GlobalAveragePooling2D(name="flatten"),
+        keras.layers.Dense(5, activation="softmax", name="dense_0"),
+    ])
+    masked = prune.prune_low_magnitude(
+        plain, prune.ConstantSparsity(0.75, 0), pruning_policy=prune.KeepDense(["conv_0", "dense_0"]), seed=0
+    )
+    prune.update_masks(masked, 0)
+    deployed = sparse_where_pruned(masked, "auto")  # "native" in the study; auto runs under PRUNE_NATIVE=0 too
+    assert [type(layer).__name__ for layer in deployed.layers] == ["Conv2D", "SparseConv2D", "GlobalAveragePooling2D",
+                                                                   "Dense"]
+    assert deployed_latency._kernel(deployed) == "SparseConv2D auto"
+    assert deployed_latency._weights(deployed) == 72 + 32 + 80  # conv_0 all 72, conv_1 128 / 4, dense_0 all 80
+    x = np.random.default_rng(0).standard_normal((3, 6, 6, 1)).astype("float32")
+    np.testing.assert_allclose(np.asarray(deployed(x)), np.asarray(masked(x)), rtol=1e-5, atol=1e-6)
+    plain_form = deployed_latency._plain(deployed, "unstructured")
+    assert [type(layer).__name__ for layer in plain_form.layers] == ["Conv2D", "Conv2D", "GlobalAveragePooling2D", "Dense"]
+    call = deployed_latency._litert(prune.export.to_tflite(plain_form, sparsity=True), x, 1)
+    np.testing.assert_allclose(call(), np.asarray(masked(x)), rtol=1e-5, atol=1e-6)
+
+
 def test_deployed_latency_markdown_gives_each_runtime_its_spread_and_the_ratio_to_litert():
     import sys
 
