@@ -51,6 +51,7 @@ _KERAS_SIDE = {
                        "transform_slices"],
     "prune.layers.masked": ["PrunableLayer", "PruneLowMagnitude"],
     "prune.training.pruning": ["get_step", "prunable_layers", "update_masks"],
+    "prune.deploy.oneshot": ["oneshot"],
     "prune.layers.registry": ["register_prunable"],
     "prune.deploy.report": ["sparsity_report"],
     "prune.deploy.shrink": ["shrink", "shrink_report"],

@@ -18,7 +18,9 @@ and installs what :meth:`MaskAlgorithm.plan` returns. Three callers, one per kin
   :class:`prune.DynamicSparsity`. SET is the base; RigL overrides the grow score; MEST the drop score;
   GraNet the live count (a gradual-pruning schedule) and the drop count;
 * ``kind = "lottery"``: :class:`prune.algorithms.LotteryLevel`, IMP's level step, run by
-  :func:`prune.training.lottery.magnitude_masks`.
+  :func:`prune.training.lottery.magnitude_masks`;
+* ``kind = "oneshot"``: :class:`prune.algorithms.OneShotPruning` (magnitude, Wanda, SparseGPT: pruning after
+  training, from calibration data), run by :func:`prune.oneshot`.
 
 Scores are names of :mod:`prune.core.scoring`'s criteria registry (``drop = "magnitude"``,
 ``grow = "random"`` or ``"gradient"``), so a new criterion is usable by a new algorithm with no change here.
@@ -184,6 +186,9 @@ class Update:
             ``criterion``, ``scope`` and ``seed``, e.g. a :class:`~prune.layers.scheduled.PruningParams`).
         slots: The optimizer's slots of the weight as dense views, by slot path, for criteria that need them.
         layer: The name of the layer that holds it (for messages).
+        inputs: For one-shot methods (``kind = "oneshot"``), the statistics of the weight's inputs on the
+            calibration data (:class:`prune.algorithms.oneshot.InputStatistics`); there ``weight`` and ``keep``
+            are the 2-D view ``[d_in, d_out]``. ``None`` elsewhere.
     """
 
     key: str
@@ -194,6 +199,7 @@ class Update:
     params: Any = None
     slots: Mapping[str, np.ndarray] = field(default_factory=dict)
     layer: str = ""
+    inputs: Any = None
 
 
 class Planned(NamedTuple):

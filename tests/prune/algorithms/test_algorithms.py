@@ -34,9 +34,9 @@ def _update(weight, keep, gradient=None, key="w", seed=0, step=1):
 
 
 def test_the_registry_names_every_algorithm_and_what_it_needs():
-    assert algorithms() == ["gradual", "granet", "imp", "mest", "rigl", "set", "static"]
+    assert algorithms() == ["gradual", "granet", "imp", "magnitude", "mest", "rigl", "set", "sparsegpt", "static", "wanda"]
     assert algorithms("sparse_training") == ["granet", "mest", "rigl", "set", "static"]
-    assert algorithms("pruning") == ["gradual"] and algorithms("lottery") == ["imp"] and algorithms("oneshot") == []
+    assert algorithms("pruning") == ["gradual"] and algorithms("lottery") == ["imp"] and algorithms("oneshot") == ["magnitude", "sparsegpt", "wanda"]
     assert algorithms(moving=True) == ["granet", "mest", "rigl", "set"] == list(prune.training.dst.METHODS)
     assert algorithms(needs_gradient=True) == ["granet", "mest", "rigl"]
     assert get_algorithm("rigl").grow_criterion == "gradient" and get_algorithm("set").grow_criterion == "random"
