@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_readme_example_prunes_saves_and_exports(tmp_path):
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 1 and len(blocks[0].splitlines()) <= 22, "the README keeps one example of about 20 lines"
+    assert len(blocks) == 2 and len(blocks[0].splitlines()) <= 22, "the README keeps one example of about 20 lines"
     check = (
         "\nimport numpy as np, tensorflow as tf\n"
         "kernels = [np.asarray(l.kernel) for l in final.layers]\n"
@@ -36,3 +36,28 @@ def test_the_readme_example_prunes_saves_and_exports(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "README example OK" in proc.stdout
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+@pytest.mark.slow
+def test_the_readme_oneshot_example_runs_and_prunes_half(tmp_path):
+    """The second example (What is inside: pruning after training) as written, then its claims checked."""
+    import textwrap
+
+    text = (ROOT / "README.md").read_text()
+    block = textwrap.dedent(re.findall(r"```python\n(.*?)```", text, re.S)[1])
+    assert len(block.splitlines()) <= 12
+    check = (
+        "\nimport numpy as np\n"
+        "from prune.core.targets import mask_targets\n"
+        "for m, want in ((pruned, 0.5), (nm, 0.5)):\n"
+        "    for t in mask_targets(m):\n"
+        "        keep = np.asarray(t.keep)\n"
+        "        assert (~keep).mean() == want and np.all(np.asarray(t.weight)[~keep] == 0.0), t.key\n"
+        "print('oneshot example OK')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", block + check], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "oneshot example OK" in proc.stdout
