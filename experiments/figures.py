@@ -333,6 +333,15 @@ def _choose_curve_sparsity(runs: pd.DataFrame, wanted: float | None) -> float:
     raise ValueError(f"--curve-sparsity {wanted!r} is not a target sparsity of the sweep; choose one of {targets}")
 
 
+def _fully_connected(runs: pd.DataFrame) -> bool:
+    """Whether every model of the sweep is Dense layers only (no stem): the layer-speed benchmark's figures, of
+    Dense layers, go with those sweeps and not with a convnet's."""
+    from experiments import axes
+
+    names = {str(m).split("-")[0] for m in runs["model"].unique()}
+    return all(n in axes.MODELS and not axes.MODELS.get(n).stem for n in names)
+
+
 def draw_figures(
     sweep: str,
     out: str | Path | None = None,
@@ -423,7 +432,7 @@ def draw_figures(
             "Step time is the median training step relative to the mean dense step."
         ).replace("_", r"\_")
         files[f"main_table{sfx}.tex"] = _latex(main_table(sub, div), caption).encode()
-    if bench is not None and not axes_sweep and not methods_sweep:
+    if bench is not None and not axes_sweep and not methods_sweep and _fully_connected(runs):
         speed = layer_speedups(bench)
         for n_in, n_out, mode in speed[["n_in", "n_out", "mode"]].drop_duplicates().values.tolist():
             add(
