@@ -33,6 +33,8 @@ __all__ = [
     "set_backing_variable",
     "set_variable_shape",
     "layer_tracker",
+    "layer_attributes",
+    "replace_tracked_layer",
     "has_sublayers",
     "in_xla_context",
     "input_shape_arg",
@@ -130,6 +132,56 @@ def layer_tracker(layer: Any) -> Any | None:
     """The layer's attribute tracker (``replace_tracked_value``, ``lock``/``unlock``), or ``None`` for a
     layer that never tracked anything."""
     return getattr(layer, "_tracker", None)
+
+
+def layer_attributes(parent: Any) -> list[tuple[str, int | None, Any]]:
+    """``(attribute, index, layer)`` for each layer ``parent`` holds in an attribute of its own, or in a list in
+    one (``index`` its position, else ``None``): public attributes, and private ones that ``parent`` tracks as
+    sublayers (KerasHub's ``self._feedforward_intermediate_dense``, Keras's ``MultiHeadAttention._query_dense``);
+    never Keras's own bookkeeping (``_layers``)."""
+    tracked = {id(v) for v in sublayers(parent)}
+    out: list[tuple[str, int | None, Any]] = []
+    for attr, value in list(vars(parent).items()):
+        if isinstance(value, keras.layers.Layer):
+            if not attr.startswith("_") or id(value) in tracked:
+                out.append((attr, None, value))
+        elif isinstance(value, list) and attr not in ("_layers", "layers"):
+            items = [(i, v) for i, v in enumerate(value) if isinstance(v, keras.layers.Layer)]
+            if items and (not attr.startswith("_") or all(id(v) in tracked for _, v in items)):
+                out.extend((attr, i, v) for i, v in items)
+    return out
+
+
+def replace_tracked_layer(parent: Any, attr: str, old: Any, new: Any, index: int | None = None) -> None:
+    """Put ``new`` in ``parent.<attr>`` (or ``parent.<attr>[index]``) in place of the sublayer ``old``, keeping
+    Keras's tracking in step.
+
+    Keras locks a built layer's state; ``replace_tracked_value`` is its own way of swapping one tracked layer
+    for another (in ``_layers``, at the same position). A tracked list's ``__setitem__`` tracks nothing, so the
+    item is set after the swap.
+    """
+    tracker = layer_tracker(parent)
+    if tracker is None:
+        if index is None:
+            setattr(parent, attr, new)
+        else:
+            getattr(parent, attr)[index] = new
+        return
+    try:
+        locked = tracker.locked
+        unlock, lock, replace = tracker.unlock, tracker.lock, tracker.replace_tracked_value
+    except AttributeError:
+        raise _missing(parent, "_tracker.replace_tracked_value", "swapping a tracked sublayer") from None
+    unlock()
+    try:
+        replace("layers", old, new)
+        if index is None:
+            object.__setattr__(parent, attr, new)
+        else:
+            list.__setitem__(getattr(parent, attr), index, new)
+    finally:
+        if locked:
+            lock()
 
 
 def has_sublayers(layer: Any) -> bool:

@@ -39,6 +39,7 @@ SERIALIZABLE = (
     "prune.layers.sparse_conv",
     "prune.layers.frozen",
     "prune.layers.masked_more",
+    "prune.layers.blocks",
 )
 """The modules that register classes with ``keras.saving``: the layer kinds (each with one
 :func:`prune.layers.kinds.register_layer` call where it is defined) and ``prune.layers.freezing``'s constraints and

@@ -22,7 +22,15 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
-from prune._internals import has_sublayers, input_shape_arg, layer_tracker
+from prune._internals import (
+    has_sublayers,
+    input_shape_arg,
+    layer_attributes,
+    own_variables,
+    replace_tracked_layer,
+    sublayers,
+)
+from prune.layers.blocks import PrunedBlock, is_prune_layer, replaced_sublayers
 from prune.layers.masked import (
     PrunableLayer,
     PruneLowMagnitude,
@@ -39,6 +47,7 @@ from prune.training.policy import PruningPolicy
 from prune.layers.registry import keeps_dense, masked_class_for, unsupported
 from prune.core.scoring import get_criterion
 from prune.core.schedules import ConstantSparsity, as_schedule
+from prune.core.targets import iter_layers
 
 __all__ = ["prune_low_magnitude", "strip_pruning", "is_pruned", "unsupported_layers"]
 
@@ -54,10 +63,11 @@ def _copy_built(old: Any, new: Any) -> Any:
     """
     if not old.built or not old.weights:
         return new  # nothing to copy; Keras builds it on its first call
-    build_config = old.get_build_config()
-    if build_config is None:
-        raise ValueError(f"layer {old.name!r} is built but has no build config; cannot copy it")
-    new.build_from_config(build_config)
+    if not new.built:  # some layers build in from_config (KerasHub's TransformerDecoder): building twice raises
+        build_config = old.get_build_config()
+        if build_config is None:
+            raise ValueError(f"layer {old.name!r} is built but has no build config; cannot copy it")
+        new.build_from_config(build_config)
     source, target = old.weights, new.weights
     if is_masked_layer(new) and not is_masked_layer(old):
         target = _base_weights(new)
@@ -172,22 +182,106 @@ def _copying(fn: Callable[[Any], Any], models_only: bool = False) -> Callable[[A
     are (a subclassed model changed in place keeps its other layers).
     """
 
-    def clone(layer: Any) -> Any:
+    def clone(layer: Any, counterpart: Any = None) -> Any:
+        """The converted or copied ``layer``; ``counterpart``, when given, is the same sublayer in a copy of the
+        block holding ``layer``, built by the block itself, and is reused (with ``layer``'s weights) for a layer
+        kept as it is, so that layers Keras cannot rebuild from their config still copy."""
         if not isinstance(layer, keras.layers.Layer):
             return layer  # a Keras op of a functional model (x + y): stateless, nothing to copy
         if isinstance(layer, keras.Model):
             if _is_graph_model(layer):
                 return keras.models.clone_model(layer, clone_function=clone)
             return _copy_subclassed(layer, clone)
+        if isinstance(layer, PrunedBlock) and not models_only:
+            return _as_block(clone(layer.layer, counterpart))  # unwrapped once nothing of prune's is left in it
         new = fn(layer)
         if new is not layer or models_only:
             return new
-        copy = _clone_layer(layer)
-        if has_sublayers(copy):  # a custom block: its prunable sublayers are converted in place
-            _replace_attributes(copy, _copying(fn, models_only=True))
-        return copy
+        if has_sublayers(layer) and not isinstance(layer, keras.layers.InputLayer):
+            return _as_block(_copy_container(layer, clone, _copying(fn, models_only=True), counterpart))
+        if counterpart is not None and type(counterpart) is type(layer) and counterpart.built == layer.built:
+            return _copy_built(layer, counterpart)
+        return _clone_layer(layer)
 
     return clone
+
+
+def _as_block(layer: Any) -> Any:
+    """``layer`` in a :class:`prune.layers.PrunedBlock` when it holds any of prune's layers (so that it saves
+    and loads with them), else ``layer``."""
+    if isinstance(layer, (keras.Model, PrunedBlock)) or is_prune_layer(layer) or not any(replaced_sublayers(layer)):
+        return layer
+    return PrunedBlock(layer)
+
+
+def _copy_container(layer: Any, clone: Callable[..., Any], in_place: Callable[[Any], Any], shell: Any = None) -> Any:
+    """A copy of a layer with sublayers (a custom block, KerasHub's ``TransformerDecoder``), converted.
+
+    The copy (``shell``: ``from_config`` and built, unless the enclosing block's copy already built it) keeps
+    its own instances of the sublayers ``fn`` keeps, with the original's weights copied in, and takes
+    ``clone`` of the original's sublayer wherever ``fn`` converts one (attributes, and lists in attributes);
+    the layer's own variables are copied. So a block whose sublayers are masked copies as well as a plain one
+    (``strip_pruning`` of a pruned transformer), and sublayers that Keras cannot rebuild from their config
+    (KerasHub's ``RMSNormalization``) are copied through the block that made them. A block whose sublayers
+    are not all held in attributes is copied whole, weights in order, and converted in its copy.
+
+    A block that Keras cannot rebuild from its config is not copied: its sublayers are converted *in place*, so
+    the result and the original hold the same (converted) sublayers, and a :class:`prune.PruningWarning` says
+    so. It is never shared unconverted and unannounced.
+    """
+    if not layer.built:  # sublayers may not exist before build: convert an unbuilt copy where they are
+        copy = _clone_layer(layer)
+        _replace_attributes(copy, in_place)
+        return copy
+    held = layer_attributes(layer)
+    if len({id(v) for _, _, v in held}) != len({id(v) for v in sublayers(layer)}):
+        copy = _clone_layer(layer)  # some sublayers are not in attributes: copy every weight in order
+        _replace_attributes(copy, in_place)
+        return copy
+    if shell is None or type(shell) is not type(layer):
+        try:
+            shell = type(layer).from_config(layer.get_config())
+            if not shell.built:
+                shell.build_from_config(layer.get_build_config())
+        except Exception as exc:  # noqa: BLE001 - any failure to rebuild (KerasHub raises AttributeError too)
+            return _in_place(layer, in_place, exc)
+    targets = {(attr, index): v for attr, index, v in layer_attributes(shell)}
+    missing = [attr if index is None else f"{attr}[{index}]" for attr, index, _ in held if (attr, index) not in targets]
+    if missing:
+        raise ValueError(
+            f"cannot copy layer {layer.name!r} ({type(layer).__name__}): its copy from get_config has no sublayers "
+            f"{missing}"
+        )
+    for attr, index, sub in held:
+        counterpart = targets[(attr, index)]
+        new = clone(sub, counterpart)
+        if isinstance(new, PrunedBlock) and not isinstance(sub, PrunedBlock):
+            new = new.layer  # the outermost block's PrunedBlock records every path; one wrapper is enough
+        if new is not counterpart:
+            replace_tracked_layer(shell, attr, counterpart, new, index)
+    _copy_variables(own_variables(layer), own_variables(shell), layer.name, type(shell).__name__)
+    return shell
+
+
+def _in_place(layer: Any, in_place: Callable[[Any], Any], exc: Exception) -> Any:
+    """``layer`` itself, its prunable sublayers converted in place, with a :class:`prune.PruningWarning`."""
+    before = [id(x) for x in iter_layers(layer)]
+    _replace_attributes(layer, in_place)
+    changed = [id(x) for x in iter_layers(layer)] != before
+    what = (
+        "its prunable sublayers are pruned in place (the original model now holds the same masked layers), and it"
+        if changed
+        else "it has nothing to prune, and"
+    )
+    warnings.warn(
+        f"layer {layer.name!r} ({type(layer).__name__}) cannot be copied through its config "
+        f"({type(exc).__name__}: {str(exc).strip()[:200]}); it is used itself: {what} shares its variables with the "
+        "result. Give the layer get_config/from_config (and register it with "
+        "keras.saving.register_keras_serializable) to get a copy",
+        PruningWarning,
+        stacklevel=5,
+    )
+    return layer
 
 
 def _copy_subclassed(model: Any, fn: Callable[[Any], Any]) -> Any:
@@ -207,36 +301,23 @@ def _copy_subclassed(model: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def _replace_attributes(parent: Any, fn: Callable[[Any], Any]) -> None:
-    # Subclassed models: swap attribute layers, keeping Keras's tracking in step.
-    # Keras locks a built layer's state; replace_tracked_value is its own way of
-    # swapping one tracked layer for another.
-    tracker = layer_tracker(parent)
-    for attr, value in list(vars(parent).items()):
-        if attr.startswith("_") or not isinstance(value, keras.layers.Layer):
-            continue
+    """Convert ``parent``'s sublayers in place (a subclassed model, or a block): each layer held in an
+    attribute, or in a list in one, is swapped for ``fn`` of it, keeping Keras's tracking in step."""
+    for attr, index, value in layer_attributes(parent):
         new = fn(value)
         if new is value:
             if isinstance(value, keras.Model) or has_sublayers(value):
                 _replace_attributes(value, fn)
             continue
-        if tracker is not None:
-            locked = tracker.locked
-            tracker.unlock()
-            try:
-                tracker.replace_tracked_value("layers", value, new)
-                object.__setattr__(parent, attr, new)
-            finally:
-                if locked:
-                    tracker.lock()
-        else:
-            setattr(parent, attr, new)
+        replace_tracked_layer(parent, attr, value, new, index)
     for attr, value in list(vars(parent).items()):
-        if attr.startswith("_") or not isinstance(value, (list, tuple)):
+        if attr.startswith("_") or not isinstance(value, tuple):
             continue
         if any(isinstance(v, keras.layers.Layer) for v in value):
             raise ValueError(
-                f"attribute {attr!r} of {type(parent).__name__} holds a list of layers; prune layers in lists "
-                "by wrapping them when you build the model: prune.prune_low_magnitude(keras.layers.Dense(...))"
+                f"attribute {attr!r} of {type(parent).__name__} holds a tuple of layers, which cannot be changed in "
+                "place; hold them in a list, or prune them when you build the model: "
+                "prune.prune_low_magnitude(keras.layers.Dense(...))"
             )
 
 

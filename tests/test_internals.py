@@ -103,6 +103,32 @@ def test_layer_tracker_replaces_a_tracked_sublayer():
     assert internals.has_sublayers(net) and not internals.has_sublayers(keras.layers.Dense(2))
 
 
+def test_layer_attributes_lists_public_and_tracked_private_sublayers_and_replace_swaps_one():
+    mha = keras.layers.MultiHeadAttention(2, 4)
+    x = np.ones((1, 3, 8), "float32")
+    mha(x, x)
+    names = {attr: v for attr, index, v in internals.layer_attributes(mha) if index is None}
+    assert {"_query_dense", "_key_dense", "_value_dense", "_output_dense"} <= set(names)
+    assert all(isinstance(v, keras.layers.Layer) for v in names.values())
+    new = keras.layers.EinsumDense.from_config(mha._query_dense.get_config())
+    old = mha._query_dense
+    internals.replace_tracked_layer(mha, "_query_dense", old, new)
+    assert mha._query_dense is new
+    held = internals.sublayers(mha)
+    assert any(v is new for v in held) and not any(v is old for v in held)
+
+    class Stack(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.blocks = [keras.layers.Dense(2), keras.layers.Dense(2)]
+
+    stack = Stack()
+    assert [(a, i) for a, i, _ in internals.layer_attributes(stack)] == [("blocks", 0), ("blocks", 1)]
+    old, new = stack.blocks[1], keras.layers.Dense(3)
+    internals.replace_tracked_layer(stack, "blocks", old, new, 1)
+    assert stack.blocks[1] is new and [id(v) for v in internals.sublayers(stack)] == [id(stack.blocks[0]), id(new)]
+
+
 def test_input_shape_arg_is_the_constructor_argument():
     assert internals.input_shape_arg(keras.layers.Dense(2, input_shape=(5,))) == (5,)
     assert internals.input_shape_arg(keras.layers.Dense(2)) is None

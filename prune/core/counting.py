@@ -53,10 +53,14 @@ def applications(layer: Any, weight: str) -> float:
     convolution's input positions: each input position meets every kernel
     entry once); an RNN's timesteps, for its kernel and its recurrent kernel;
     for ``MultiHeadAttention``, the query's or the key's or value's length,
-    by projection; 0 for an embedding lookup. NaN when a needed size is
+    by projection; for ``EinsumDense``, the input's axes the kernel does not
+    have; 0 for an embedding lookup (NaN for a ``ReversibleEmbedding``, which
+    may also run as an output projection). NaN when a needed size is
     unknown or the layer is of another kind: unknown, not wrong.
     """
     names = {c.__name__ for c in type(layer).__mro__}
+    if "ReversibleEmbedding" in names:
+        return float("nan")  # a lookup (0), or an output projection when called with reverse=True: unknown
     if "Embedding" in names:
         return 0.0  # a lookup: no multiply-adds
     try:
@@ -73,6 +77,8 @@ def applications(layer: Any, weight: str) -> float:
     input_shape = config.get("input_shape")
     if input_shape is None:
         return float("nan")
+    if "EinsumDense" in names:
+        return _einsum_applications(str(getattr(layer, "equation", "")), tuple(input_shape))
     if names & _TRANSPOSED:
         return _spatial(layer, input_shape)
     if names & _SLIDING:
@@ -97,8 +103,28 @@ def applications(layer: Any, weight: str) -> float:
         except Exception:  # noqa: BLE001 - not called in a functional graph (or called several times)
             pass
         return _product(tuple(input_shape)[1:-1])
-    return float("nan")  # e.g. ConvLSTM, EinsumDense: not counted
+    return float("nan")  # e.g. ConvLSTM: not counted
 
+
+
+def _einsum_applications(equation: str, input_shape: tuple[Any, ...]) -> float:
+    """Per example, how often ``EinsumDense``'s kernel meets the input: the product of the input's axes that the
+    kernel does not have (the leading batch axis excluded). ``abc,cde->abde`` on ``[B, T, c]``: ``T``."""
+    equation = equation.replace(" ", "")
+    try:
+        lhs, _ = equation.split("->")
+        x, k = lhs.split(",")
+    except ValueError:
+        return float("nan")
+    dims = list(input_shape)
+    if x.startswith("..."):  # leading axes under the ellipsis: every one but the batch axis is an application
+        x = x[3:]
+        extra = dims[1:len(dims) - len(x)] if len(dims) > len(x) else []
+        own = dims[len(dims) - len(x):]
+        return _product(extra + [d for c, d in zip(x, own) if c not in k])
+    if "." in x or len(x) != len(dims):
+        return float("nan")
+    return _product(d for c, d in list(zip(x, dims))[1:] if c not in k)
 
 
 def weight_row(layer: str, weight: str, value: Any, positions: float, status: str) -> dict[str, Any]:

@@ -15,9 +15,14 @@ Pruned layer kinds, each through a 2-D view ``W`` of shape ``[d_in, d_out]`` wit
 * ``Conv1D``, ``Conv2D`` (``groups=1``, ``channels_last``): the patch matrix ``[kh * kw * C_in, C_out]`` (the
   kernel read row-major), and the inputs' patches (``tf.image.extract_patches``, the layer's strides,
   dilation and padding);
-* ``MultiHeadAttention`` (and subclasses that the masked twin takes): the query, key, value and output
-  projections, ``EinsumDense`` layers whose contracted axes are the input's last and the kernel's first
-  (``abc,cde->abde``, ``abcd,cde->abe``), flattened.
+* ``EinsumDense`` whose contracted axes are the input's last and the kernel's first (``abc,cde->abde``,
+  ``abcd,cde->abe``): the kernel flattened to ``[d_in, d_out]``;
+* ``MultiHeadAttention``: the query, key, value and output projections, each such an ``EinsumDense``. A
+  subclass (KerasHub's ``CachedMultiHeadAttention``) is pruned through its projections, as ``EinsumDense``
+  layers.
+
+Blocks of a nested functional model (a KerasHub backbone's ``TransformerDecoder`` layers) are calibrated one
+after the other, as the top-level layers are.
 
 The result is an ordinary pruned model (:func:`prune.prune_low_magnitude`'s clone): masks beside the weights,
 pruned weights exactly 0.0, each layer under ``ConstantSparsity(sparsity, begin_step=0)`` with the unstructured
@@ -45,7 +50,7 @@ from prune.core.notices import PruningWarning
 
 __all__ = ["oneshot", "ONESHOT_KINDS"]
 
-ONESHOT_KINDS = ("Dense", "Conv1D", "Conv2D", "MultiHeadAttention")
+ONESHOT_KINDS = ("Dense", "Conv1D", "Conv2D", "EinsumDense", "MultiHeadAttention")
 """The layer kinds :func:`oneshot` prunes (their masked twins: ``MaskedDense`` ...)."""
 
 
@@ -100,8 +105,10 @@ def _kind(layer: Any) -> str | None:
     """The one-shot kind of a plain Keras layer (:data:`ONESHOT_KINDS`), or None."""
     import keras
 
-    if isinstance(layer, keras.layers.MultiHeadAttention):
-        return "MultiHeadAttention"
+    if type(layer).__name__ in ("MultiHeadAttention", "MaskedMultiHeadAttention"):
+        return "MultiHeadAttention"  # a subclass (KerasHub's) is pruned through its EinsumDense projections
+    if type(layer).__name__ in ("EinsumDense", "MaskedEinsumDense"):
+        return "EinsumDense"
     if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)) and type(layer).__name__ in (
             "Conv1D", "Conv2D", "MaskedConv1D", "MaskedConv2D"):
         if getattr(layer, "groups", 1) != 1 or getattr(layer, "data_format", "channels_last") != "channels_last":
@@ -125,6 +132,10 @@ class _View:
             owner = getattr(layer, layer._slots[name][0])
             self.recorder = owner
             self.d_in = _einsum_d_in(owner, self.shape, f"{layer.name}.{name}")
+            self.flatten = lambda x: np.reshape(x, (-1, self.d_in))
+        elif kind == "EinsumDense":
+            self.recorder = layer
+            self.d_in = _einsum_d_in(layer, self.shape, f"{layer.name}.{name}")
             self.flatten = lambda x: np.reshape(x, (-1, self.d_in))
         elif kind in ("Conv1D", "Conv2D"):
             self.recorder = layer
@@ -202,6 +213,20 @@ def _recording(views: list[tuple[_View, InputStatistics | None]]) -> Iterator[No
 
             stack.enter_context(override_call(layer, call))
         yield
+
+
+def _blocks(model: Any) -> list[Any]:
+    """The layers calibrated one after the other: the model's layers, with nested Sequential and functional
+    models (a KerasHub backbone) replaced by their own blocks, in order."""
+    import keras
+
+    out: list[Any] = []
+    for layer in model.layers:
+        if isinstance(layer, keras.Sequential) or any(c.__name__ == "Functional" for c in type(layer).__mro__):
+            out.extend(_blocks(layer))
+        else:
+            out.append(layer)
+    return out
 
 
 def oneshot(
@@ -302,15 +327,18 @@ def oneshot(
         warnings.simplefilter("ignore", PruningWarning)  # named above, or chosen by `layers`
         masked = prune_low_magnitude(model, schedule, pruning_policy=KeepDense(others) if others else None)
     targets = [t for t in mask_targets(masked) if t.layer.name in selected]
+    blocks = _blocks(masked)
     top = {}
-    for layer in masked.layers:
+    for layer in blocks:
         for inner in iter_layers(layer):
             top.setdefault(id(inner), layer)
     groups: list[list[Any]] = []
-    for layer in masked.layers:
+    group_names: list[str] = []
+    for layer in blocks:
         group = [t for t in targets if top.get(id(t.layer)) is layer]
         if group:
             groups.append(group)
+            group_names.append(layer.name)
     views = {t.key: _View(t) for t in targets}  # refuses a weight with no view before any change
 
     start = time.perf_counter()
@@ -332,5 +360,6 @@ def oneshot(
         elapsed = time.perf_counter() - start
         if verbose or (verbose is None and elapsed > 5.0):
             names = ", ".join(sorted({t.layer.name for t in group}))
-            print(f"oneshot {method}: layer {gi + 1} of {len(groups)} ({names}) pruned, {elapsed:.1f} s", file=sys.stderr)
+            where = names if names == group_names[gi] else f"{group_names[gi]}: {names}"
+            print(f"oneshot {method}: layer {gi + 1} of {len(groups)} ({where}) pruned, {elapsed:.1f} s", file=sys.stderr)
     return masked

@@ -6,6 +6,11 @@ Which weights are pruned follows tfmot's ``PruneRegistry``
 * ``Conv3D``, ``Conv2DTranspose``, ``Conv3DTranspose``: ``kernel``;
 * ``SeparableConv1D``, ``SeparableConv2D``: ``pointwise_kernel`` (the depthwise kernel stays dense);
 * ``MultiHeadAttention``: the kernels of the query, key, value and output projections;
+* ``EinsumDense`` (not in tfmot's registry, which predates it): ``kernel``. A ``MultiHeadAttention`` subclass
+  (KerasHub's ``CachedMultiHeadAttention``), which the twin above does not take, is pruned through its four
+  ``EinsumDense`` projections, each with its own mask;
+* ``ReversibleEmbedding`` (Keras's, which KerasHub's language models tie to their output layer):
+  ``embeddings``, and ``reverse_embeddings`` when the weights are not tied;
 * ``SimpleRNN``, ``GRU``, ``LSTM``: the cell's ``kernel`` and ``recurrent_kernel``;
 * ``RNN`` over ``SimpleRNNCell``, ``GRUCell`` or ``LSTMCell`` cells, stacked or not: each cell's ``kernel``
   and ``recurrent_kernel``.
@@ -31,7 +36,9 @@ from typing import Any, Iterator
 
 import keras
 
-from prune.layers.masked import RNN_CELLS, PrunableLayer, _MaskedConvMixin, rnn_cells
+from keras import ops
+
+from prune.layers.masked import RNN_CELLS, PrunableLayer, _MaskedConvMixin, _reject_lora_and_quantization, rnn_cells
 from prune.layers.kinds import register_layer
 
 __all__ = [
@@ -41,6 +48,8 @@ __all__ = [
     "MaskedSeparableConv1D",
     "MaskedSeparableConv2D",
     "MaskedMultiHeadAttention",
+    "MaskedEinsumDense",
+    "MaskedReversibleEmbedding",
     "MaskedSimpleRNN",
     "MaskedGRU",
     "MaskedLSTM",
@@ -185,6 +194,51 @@ class MaskedMultiHeadAttention(PrunableLayer, _SwapMasked, _MHABuild):
                 training=training,
                 use_causal_mask=use_causal_mask,
             )
+
+
+@register_layer(prunes=keras.layers.EinsumDense)
+class MaskedEinsumDense(PrunableLayer, keras.layers.EinsumDense):
+    """``keras.layers.EinsumDense`` with ``kernel_mask`` beside ``kernel`` (any shape the equation gives it).
+
+    Takes every ``EinsumDense`` argument plus the :class:`PrunableLayer` ones; LoRA and quantisation are
+    refused, as for ``MaskedDense``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _reject_lora_and_quantization(self)
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        self.advance_step(training)
+        x = ops.einsum(self.equation, inputs, self.masked_weight("kernel"))
+        if self.bias is not None:
+            x = ops.add(x, self.bias)
+        if self.activation is not None:
+            x = self.activation(x)
+        return x
+
+
+@register_layer(prunes=keras.layers.ReversibleEmbedding)
+class MaskedReversibleEmbedding(PrunableLayer, _SwapMasked, keras.layers.ReversibleEmbedding):
+    """``keras.layers.ReversibleEmbedding`` with ``embeddings_mask`` (and ``reverse_embeddings_mask`` when untied).
+
+    Both directions use the masked weights: the lookup (``reverse=False``) and the output projection
+    (``reverse=True``, ``x @ embeddings.T`` when tied). Keras's own ``call`` runs on ``weight * mask``, so the
+    lookup's gradient is dense here, not row-sparse as in :class:`prune.layers.MaskedEmbedding`.
+    """
+
+    _slots = {"embeddings": ("", "_embeddings"), "reverse_embeddings": ("", "reverse_embeddings")}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _reject_lora_and_quantization(self)
+        names = ("embeddings",) if self.tie_weights else ("embeddings", "reverse_embeddings")
+        object.__setattr__(self, "prunable_weight_names", names)  # per instance: untied weights add one
+
+    def call(self, inputs: Any, reverse: bool = False, training: Any = None) -> Any:
+        self.advance_step(training)
+        with self._masking():
+            return super().call(inputs, reverse=reverse)
 
 
 class _SwapRNN(_SwapMasked):

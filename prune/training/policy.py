@@ -231,7 +231,9 @@ class KeepDense(PruningPolicy):
         return layer.name not in self.names
 
     def ensure_model_supports_pruning(self, model: Any) -> None:
-        present = {layer.name for layer in getattr(model, "layers", [])}
+        from prune.core.targets import iter_layers
+
+        present = {layer.name for layer in iter_layers(model) if layer is not model}  # nested layers too
         missing = sorted(self.names - present)
         if missing:
             raise ValueError(f"KeepDense names layers the model does not have: {missing} (it has {sorted(present)})")
