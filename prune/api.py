@@ -229,13 +229,11 @@ def _copy_container(layer: Any, clone: Callable[..., Any], in_place: Callable[[A
     the result and the original hold the same (converted) sublayers, and a :class:`prune.PruningWarning` says
     so. It is never shared unconverted and unannounced.
     """
-    if not layer.built:  # sublayers may not exist before build: convert an unbuilt copy where they are
+    held = layer_attributes(layer) if layer.built else []
+    # Unbuilt (its sublayers may not exist yet), or some sublayers are not in attributes: copy the whole layer,
+    # every weight in order, and convert the copy.
+    if not layer.built or len({id(v) for _, _, v in held}) != len({id(v) for v in sublayers(layer)}):
         copy = _clone_layer(layer)
-        _replace_attributes(copy, in_place)
-        return copy
-    held = layer_attributes(layer)
-    if len({id(v) for _, _, v in held}) != len({id(v) for v in sublayers(layer)}):
-        copy = _clone_layer(layer)  # some sublayers are not in attributes: copy every weight in order
         _replace_attributes(copy, in_place)
         return copy
     if shell is None or type(shell) is not type(layer):
