@@ -45,6 +45,10 @@ STATISTICS = ("none", "norms", "gram")
 """What a method reads of a layer's inputs: nothing, ``sum_t x_tj^2`` per input (Wanda), or ``X^T X`` (SparseGPT)."""
 
 
+_CHUNK = 256
+"""Rows of inputs, and columns of the Gram matrix, that :meth:`InputStatistics.add` works on at a time."""
+
+
 @dataclass
 class InputStatistics:
     """Statistics of one layer's inputs ``X`` (``[tokens, d_in]``), accumulated batch by batch in float64.
@@ -82,15 +86,19 @@ class InputStatistics:
         Raises:
             ValueError: a batch of another width, or with NaN or infinite entries (nothing is added).
         """
-        x = np.asarray(x, dtype=np.float64)
+        x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] != self.d_in:
             raise ValueError(f"inputs must have shape [tokens, {self.d_in}], got {tuple(x.shape)}")
-        if not np.all(np.isfinite(x)):
-            raise ValueError(f"inputs hold {int((~np.isfinite(x)).sum())} NaN or infinite entries")
+        bad = sum(int((~np.isfinite(x[r:r + _CHUNK])).sum()) for r in range(0, x.shape[0], _CHUNK))
+        if bad:
+            raise ValueError(f"inputs hold {bad} NaN or infinite entries")
         self.tokens += int(x.shape[0])
-        self.sq_norms += np.einsum("tj,tj->j", x, x)
-        if self.gram is not None:
-            self.gram += x.T @ x
+        for r in range(0, x.shape[0], _CHUNK):  # float64 a slab at a time: no float64 copy of the whole batch
+            c = np.asarray(x[r:r + _CHUNK], dtype=np.float64)
+            self.sq_norms += np.einsum("tj,tj->j", c, c)
+            if self.gram is not None:
+                for j in range(0, self.d_in, _CHUNK):  # X^T X a column slab at a time: no d_in x d_in temporary
+                    self.gram[:, j:j + _CHUNK] += c.T @ c[:, j:j + _CHUNK]
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +125,7 @@ def select_lowest(scores: np.ndarray, sparsity: float, pattern: NByM | None, sco
     Entries that ``keep`` marks pruned rank below every live one and stay pruned.
     """
     s = np.asarray(scores, np.float64)
-    if keep is not None:
+    if keep is not None and not np.all(keep):  # (an all-live keep changes no rank: no masked copy)
         s = np.where(np.asarray(keep, bool), s, -np.inf)
     if pattern is not None:
         return pattern.select(s, previous=keep)  # groups along axis -2: d_in

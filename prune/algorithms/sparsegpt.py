@@ -32,29 +32,88 @@ from prune.core.patterns import NByM, num_zeros
 __all__ = ["SparseGPT", "sparsegpt_prune", "sparsegpt_reference", "inverse_hessian_factor"]
 
 
+_BLOCK = 128
+"""Rows and columns per block of the blocked Cholesky factorisation and triangular inverse below."""
+
+
+def _cholesky_in_place(a: np.ndarray, block: int = _BLOCK) -> np.ndarray:
+    """The lower Cholesky factor ``L`` of the symmetric ``a`` (its lower triangle is read), written over ``a``.
+
+    Right-looking and blocked: each diagonal block is factored (``numpy.linalg.cholesky``), the panel below it
+    solved against it, and the trailing lower triangle updated a column slab at a time. The temporaries are
+    ``d x block``; ``numpy.linalg.cholesky(a)`` holds two more ``d x d`` buffers (a copy and the result).
+
+    Raises:
+        numpy.linalg.LinAlgError: ``a`` is not positive definite (``a`` is then partly overwritten).
+    """
+    n = a.shape[0]
+    for k0 in range(0, n, block):
+        k1 = min(k0 + block, n)
+        lkk = np.linalg.cholesky(a[k0:k1, k0:k1])
+        a[k0:k1, k0:k1] = lkk
+        if k1 == n:
+            break
+        a[k1:, k0:k1] = a[k1:, k0:k1] @ np.linalg.inv(lkk).T  # L_ik = A_ik L_kk^-T
+        panel = a[k1:, k0:k1]
+        for j0 in range(k1, n, block):  # A_ij -= L_ik L_jk^T, on and below the diagonal only
+            j1 = min(j0 + block, n)
+            a[j0:, j0:j1] -= panel[j0 - k1:] @ panel[j0 - k1:j1 - k1].T
+    for i in range(n - 1):
+        a[i, i + 1:] = 0.0
+    return a
+
+
+def _lower_inverse(lower: np.ndarray, out: np.ndarray, block: int = _BLOCK) -> np.ndarray:
+    """``L^-1`` of a lower-triangular ``L`` by blocked forward substitution, written into ``out`` (a view may be
+    given: :func:`inverse_hessian_factor` writes through a reversed one).
+
+    Block row ``I`` of ``L X = 1`` gives ``X_II = L_II^-1`` and ``X_IJ = -L_II^-1 (L_I,<I X_<I,J)`` for ``J < I``;
+    the temporaries are ``block x d`` (``numpy.linalg.inv`` of the whole matrix holds three ``d x d`` buffers).
+    """
+    n = lower.shape[0]
+    out[...] = 0.0
+    for i0 in range(0, n, block):
+        i1 = min(i0 + block, n)
+        d = np.linalg.inv(lower[i0:i1, i0:i1])
+        out[i0:i1, i0:i1] = np.tril(d)
+        if i0:
+            out[i0:i1, :i0] = -d @ (lower[i0:i1, :i0] @ out[:i0, :i0])
+    return out
+
+
 def inverse_hessian_factor(gram: np.ndarray, percdamp: float) -> tuple[np.ndarray, np.ndarray]:
     """``(U, dead)``: the upper Cholesky factor of ``(H + damp I)^-1`` and the inputs never seen.
 
     ``H`` is ``gram`` with ``H_jj = 1`` where ``gram_jj = 0``; ``damp = percdamp * mean(diag(H))``.
 
+    ``U`` is found without forming ``H^-1``: with ``J`` the reversal of the axes, ``J H J = L L^T`` (Cholesky)
+    gives ``H = V V^T`` with ``V = J L J`` upper triangular, so ``H^-1 = V^-T V^-1`` and ``U = V^-1 = J L^-1 J``
+    (the upper Cholesky factor is unique). One blocked factorisation in place and one blocked triangular
+    inverse: two ``d_in x d_in`` matrices are alive at once (16 MB at ``d_in = 1024``), where
+    ``numpy.linalg.cholesky(numpy.linalg.inv(H))`` holds five.
+
     Raises:
         ValueError: ``gram`` not square, or not positive definite after dampening.
     """
-    h = np.array(gram, dtype=np.float64)
-    if h.ndim != 2 or h.shape[0] != h.shape[1]:
-        raise ValueError(f"gram must be a square matrix, got shape {h.shape}")
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
+    gram = np.asarray(gram)
+    if gram.ndim != 2 or gram.shape[0] != gram.shape[1]:
+        raise ValueError(f"gram must be a square matrix, got shape {gram.shape}")
+    h = np.array(gram[::-1, ::-1], dtype=np.float64)  # J H J, a copy
+    dead_rev = np.diag(h) == 0
+    h[dead_rev, dead_rev] = 1.0
     h[np.diag_indices_from(h)] += percdamp * float(np.mean(np.diag(h)))
     try:
-        lower = np.linalg.cholesky(h)
-        inv_lower = np.linalg.solve(lower, np.eye(h.shape[0]))  # L^-1: H^-1 = L^-T L^-1
-        hinv = inv_lower.T @ inv_lower
-        upper = np.linalg.cholesky(hinv).T
+        lower = _cholesky_in_place(h)
     except np.linalg.LinAlgError as e:
         raise ValueError(f"the inputs' Hessian is not positive definite after dampening percdamp={percdamp!r} "
                          f"({e}); raise percdamp") from None
-    return upper, dead
+    upper = np.empty_like(lower)
+    _lower_inverse(lower, upper[::-1, ::-1])  # J L^-1 J, written straight into U's order
+    return upper, dead_rev[::-1].copy()
+
+
+_ROWS = 256
+"""Rows of ``W`` per slab of SparseGPT's lazy batch update (each slab's product is ``_ROWS x d_in`` floats)."""
 
 
 def _block_counts(sparsity: float, rows: int, i1: int, i2: int, scope: str) -> int:
@@ -99,9 +158,9 @@ def sparsegpt_prune(kernel: np.ndarray, gram: np.ndarray, sparsity: float, patte
         percdamp: Dampening, relative to the mean diagonal.
         keep: Entries already pruned (False) stay pruned and rank lowest.
     """
+    u, dead = inverse_hessian_factor(gram, percdamp)  # first: its temporaries are gone before W's copy is made
     w = np.array(kernel, dtype=np.float64).T  # [rows = outputs, cols = inputs], as the paper's W
     rows, cols = w.shape
-    u, dead = inverse_hessian_factor(gram, percdamp)
     w[:, dead] = 0.0
     old = None if keep is None else np.asarray(keep, bool).T
     pruned = np.zeros(w.shape, bool)
@@ -134,7 +193,8 @@ def sparsegpt_prune(kernel: np.ndarray, gram: np.ndarray, sparsity: float, patte
             err1[:, i] = e
         w[:, i1:i2] = w1
         pruned[:, i1:i2] = mask1
-        w[:, i2:] -= err1 @ u[i1:i2, i2:]
+        for r1 in range(0, rows, _ROWS):  # the lazy batch update, in row slabs: no [rows, cols] temporary
+            w[r1:r1 + _ROWS, i2:] -= err1[r1:r1 + _ROWS] @ u[i1:i2, i2:]
     return ~pruned.T, w.T
 
 

@@ -35,6 +35,7 @@ exports as any pruned model.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import re
 import sys
@@ -323,6 +324,7 @@ def oneshot(
         warnings.warn(f"oneshot leaves these prunable layers dense (no one-shot form): {skipped}", PruningWarning,
                       stacklevel=2)
     del everything
+    gc.collect()  # a Keras model is a web of references: free this copy's variables before the next is made
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PruningWarning)  # named above, or chosen by `layers`
         masked = prune_low_magnitude(model, schedule, pruning_policy=KeepDense(others) if others else None)
@@ -349,7 +351,7 @@ def oneshot(
             with _recording([(views[t.key], stats[t.key]) for t in group]):
                 for b in batches:
                     masked(b, training=False)
-        updates = [Update(key=t.key, weight=views[t.key].view(np.asarray(t.weight, np.float64)),
+        updates = [Update(key=t.key, weight=views[t.key].view(np.asarray(t.weight)),  # its own dtype: each method reads it in float64
                           keep=views[t.key].view(np.asarray(t.keep, bool)), layer=t.layer.name, inputs=stats[t.key])
                    for t in group]
         plans = algo.plan(updates)

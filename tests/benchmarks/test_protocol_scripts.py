@@ -1,4 +1,4 @@
-"""fit_step.py, dst_update.py, runner_workers.py (and deployed_latency.py's refusal) under benchmarks/protocol.py: each runs end to end on the
+"""fit_step.py, dst_update.py, runner_workers.py, oneshot_speed.py (and deployed_latency.py's refusal) under benchmarks/protocol.py: each runs end to end on the
 tiniest work it takes and heads its Markdown table with the protocol's lines (no timing asserted), keeps the
 columns other code reads, and refuses a machine kept busy by spinning processes (exit 3) before any work."""
 
@@ -61,6 +61,22 @@ def test_fit_step_runs_tiny_and_keeps_its_columns(tmp_path):
     assert {"median_step_ms_min", "median_step_ms_max", "ratio_min", "ratio_max"} <= set(df.columns)
     assert len(df) == 5 and (df["median_step_ms_min"] <= df["median_step_ms"]).all()
     assert (df["median_step_ms"] <= df["median_step_ms_max"]).all()
+
+
+@pytest.mark.slow
+def test_oneshot_speed_runs_tiny_in_a_child_process_and_states_the_target(tmp_path):
+    out = tmp_path / "oneshot_speed.csv"
+    proc = run("oneshot_speed.py", "--d", "32", "--seqs", "4", "--tokens", "8", "--rounds", "1", "--cases",
+               "sparsegpt 2:4", "--out", str(out), "--allow-loaded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = assert_header(out.with_suffix(".md"))
+    assert "Target met: the slowest SparseGPT run took" in text  # a 32 x 32 layer is far inside 5 s and 64 MB
+    df = pd.read_csv(out)
+    assert df["case"].tolist() == ["sparsegpt 2:4"] and df["zeros"].tolist() == [0.5]
+    assert (df["solve_s"] <= df["total_s"]).all() and (df["extra_mb"] >= 0).all()
+    bad = run("oneshot_speed.py", "--cases", "sparsegpt 90%", "--out", str(tmp_path / "x.csv"), "--allow-loaded")
+    assert bad.returncode != 0 and "--cases: 'sparsegpt 90%' not among" in bad.stderr
+    assert not (tmp_path / "x.csv").exists()
 
 
 def test_conv_speed_runs_tiny_and_keeps_its_columns(tmp_path):

@@ -47,6 +47,32 @@ def test_input_statistics_sum_batch_by_batch_and_refuse_bad_batches():
         InputStatistics(0)
 
 
+def test_input_statistics_of_batches_wider_and_longer_than_a_slab_are_the_whole_sums():
+    # add() works a slab of rows and of Gram columns at a time; the sums are the batch's own, to rounding
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((700, 300)).astype(np.float32)
+    st = _stats(x)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(st.gram, x64.T @ x64, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(st.sq_norms, (x64**2).sum(axis=0), rtol=1e-12)
+    assert st.tokens == 700
+
+
+def test_input_statistics_never_hold_a_float64_copy_of_a_batch_nor_a_gram_sized_temporary():
+    import tracemalloc
+
+    x = np.ones((2048, 512), np.float32)  # 4 MB; as float64 8 MB; X^T X is 2 MB
+    st = InputStatistics(512, with_gram=True)
+    tracemalloc.start()
+    st.add(x)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # a 256-row float64 slab (1 MB) and one 512 x 256 product (0.5 MB) with its sum: about 2 MB; a float64 copy of
+    # the batch and a whole X^T X product would be 10 MB
+    assert peak < 3 * 2**20, peak
+    assert st.gram[0, 0] == 2048.0
+
+
 def test_select_lowest_counts_per_layer_per_row_and_by_groups_ties_to_the_lower_index():
     s = np.array([[4.0, 1.0], [2.0, 2.0], [3.0, 0.5], [1.0, 5.0]])  # [d_in = 4, d_out = 2]
     # layer: round(0.5 * 8) = 4 lowest over C order: 0.5, 1 (0,1), 1 (3,0), then 2 (1,0) before 2 (1,1)
@@ -151,7 +177,18 @@ def test_sparsegpt_inverse_factor_is_the_upper_cholesky_of_the_damped_inverse():
     u, dead = inverse_hessian_factor(gram, 0.1)
     h = np.array([[4.0, 2.0, 0.0], [2.0, 3.0, 0.0], [0.0, 0.0, 1.0]]) + 0.1 * (8.0 / 3.0) * np.eye(3)
     np.testing.assert_allclose(u.T @ u, np.linalg.inv(h), rtol=1e-12)
-    assert np.allclose(u, np.triu(u)) and dead.tolist() == [False, False, True]
+    assert np.array_equal(u, np.triu(u)) and dead.tolist() == [False, False, True]
+
+
+@pytest.mark.parametrize("d", [1, 127, 128, 129, 300])
+def test_sparsegpt_inverse_factor_matches_cholesky_of_the_inverse_across_block_edges(d):
+    rng = np.random.default_rng(d)
+    x = rng.standard_normal((2 * d + 3, d))
+    gram = x.T @ x
+    u, dead = inverse_hessian_factor(gram, 0.01)
+    ref = np.linalg.cholesky(np.linalg.inv(gram + 0.01 * np.mean(np.diag(gram)) * np.eye(d))).T
+    np.testing.assert_allclose(u, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    assert np.array_equal(u, np.triu(u)) and not dead.any()
 
 
 def test_oneshot_methods_refuse_bad_arguments_naming_them():
