@@ -107,6 +107,13 @@ class Model:
         keep_dense: Names of layers every pruning run keeps dense (:class:`prune.KeepDense`), e.g.
             mobilenet's first convolution, which Zhu & Gupta (2017) leave unpruned.
         width_multiplier: Takes a width multiplier ``alpha`` (:class:`experiments.config.ModelConfig`).
+        builder: ``"module:function"``; ``function(keras, config, input_shape, n_classes)`` builds the whole
+            (functional) model instead of stem, hidden layers and softmax: the transformers, whose blocks have
+            residual connections.
+        tokens: Takes ``patch``, ``dim`` and ``depth`` (a patch-token transformer), filled from
+            :data:`TOKEN_DEFAULTS` where not given.
+        heads: Takes ``heads`` (attention heads).
+        runs_on: The implementations it runs on, and why not the others (``("dense", "masked")``); empty: all.
     """
 
     name: str
@@ -116,6 +123,41 @@ class Model:
     conv: bool = False
     keep_dense: tuple[str, ...] = ()
     width_multiplier: bool = False
+    builder: str = ""
+    tokens: bool = False
+    heads: bool = False
+    runs_on: tuple[str, ...] = ()
+    why_not: str = ""
+
+    def token_fields(self, config: Any) -> dict[str, int]:
+        """``config``'s ``patch``, ``dim``, ``depth`` and ``heads`` that this model takes, 0s filled from
+        :data:`TOKEN_DEFAULTS`; refuses a non-zero one it does not take, or a negative one."""
+        out = {}
+        for field in TOKEN_DEFAULTS:
+            value, takes = getattr(config, field), self.heads if field == "heads" else self.tokens
+            if not takes:
+                if value != 0:
+                    models = " or ".join(repr(m.name) for m in MODELS if (m.heads if field == "heads" else m.tokens))
+                    raise ConfigError(field, f"only model {models} takes {field}; {self.name!r} got {value!r}")
+                continue
+            check_range(field, value, 0)
+            out[field] = value or TOKEN_DEFAULTS[field]
+        if "heads" in out and out["dim"] % out["heads"]:
+            raise ConfigError("heads", f"must divide dim {out['dim']}, got {out['heads']!r}")
+        return out
+
+    def check_implementation(self, implementation: str) -> None:
+        """Refuse an implementation this model does not run on (:attr:`runs_on`), saying why."""
+        if self.runs_on and implementation not in self.runs_on:
+            raise ConfigError("implementation", f"model {self.name!r} runs on {', '.join(map(repr, self.runs_on))}, "
+                              f"not {implementation!r}: {self.why_not}")
+
+
+TOKEN_DEFAULTS = {"patch": 7, "dim": 128, "depth": 4, "heads": 4}
+"""The transformers' architecture where a sweep does not give it: 7 x 7 patches (16 tokens of a 28 x 28 image),
+width 128, 4 blocks, 4 heads (``vit``)."""
+TOKEN_LABELS = {"patch": "p", "dim": "d", "depth": "b", "heads": "h"}
+"""Their letters in a model's label: ``vit-p7-d128-b4-h4``."""
 
 
 MODELS: Registry[Model] = Registry("model")
@@ -479,6 +521,14 @@ MODELS.register(Model("mlp", hidden=None))
 MODELS.register(Model("cnn", hidden=None, stem="experiments.models:lenet5_stem", needs_image=True, conv=True))
 MODELS.register(Model("mobilenet", hidden=(), stem="experiments.models:mobilenet_stem", needs_image=True, conv=True,
                       keep_dense=("conv_0",), width_multiplier=True))
+_TOKENS_RUN_ON = ("dense", "masked")
+_TOKENS_WHY = ("its attention projections are EinsumDense layers, which have no sparse layer yet (issue 36), and "
+               "tfmot cannot prune its blocks")
+MODELS.register(Model("vit", hidden=(), builder="experiments.transformers:vit", needs_image=True, conv=True, tokens=True,
+                      heads=True, runs_on=_TOKENS_RUN_ON, why_not=_TOKENS_WHY))
+MODELS.register(Model("mixer", hidden=(), builder="experiments.transformers:mixer", needs_image=True, conv=True,
+                      tokens=True, runs_on=_TOKENS_RUN_ON, why_not="tfmot cannot prune its blocks, and the sparse_tensor "
+                      "implementation builds Sequential models only"))
 
 _KERAS3 = "experiments.implementations:"
 IMPLEMENTATIONS.register(Implementation("dense", _KERAS3 + "train_keras3", prunes=False))

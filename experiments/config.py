@@ -189,15 +189,23 @@ class ModelConfig:
         widths: Hidden widths of ``mlp`` and ``cnn`` (required there, not allowed elsewhere).
         alpha: ``mobilenet``'s width multiplier (Howard et al. 2017): every layer's channels times
             ``alpha``, rounded, at least 8; 1.0 elsewhere.
+        patch, dim, depth, heads: ``vit`` and ``mixer`` (``heads``: ``vit``): patch side, token width, blocks and
+            attention heads; 0 elsewhere, and 0 there means :data:`experiments.axes.TOKEN_DEFAULTS`' (7, 128, 4, 4).
     """
 
     SHORTHAND: ClassVar[str] = "name"  # a sweep file may write just the name
     name: str
     widths: tuple[int, ...] = ()
     alpha: float = 1.0
+    patch: int = 0
+    dim: int = 0
+    depth: int = 0
+    heads: int = 0
 
     def __post_init__(self) -> None:
         spec = axes.MODELS.get(self.name)
+        for field, value in spec.token_fields(self).items():  # filled: an explicit default and an omitted one hash alike
+            object.__setattr__(self, field, value)
         _range("alpha", self.alpha, 0.0625, 4.0)
         if self.alpha != 1.0 and not spec.width_multiplier:
             takes = " or ".join(repr(m.name) for m in axes.MODELS if m.width_multiplier)
@@ -212,8 +220,9 @@ class ModelConfig:
 
     @property
     def label(self) -> str:
-        """Short name for tables: ``mlp-64-32``, ``mobilenet-a0.5`` or the model name."""
-        return "-".join([self.name, *map(str, self.widths)] + ([f"a{self.alpha:g}"] if self.alpha != 1.0 else []))
+        """Short name for tables: ``mlp-64-32``, ``mobilenet-a0.5``, ``vit-p7-d128-b4-h4`` or the model name."""
+        parts = [self.name, *map(str, self.widths)] + ([f"a{self.alpha:g}"] if self.alpha != 1.0 else [])
+        return "-".join(parts + [f"{axes.TOKEN_LABELS[k]}{v}" for k, v in axes.MODELS.get(self.name).token_fields(self).items()])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -545,6 +554,7 @@ class RunConfig:
             raise ConfigError("output_layer", f"{impl.name} runs prune no layer, got {self.output_layer!r}")
         if self.output_layer != "pruned" and impl.name == "tfmot":
             raise ConfigError("output_layer", f"the tfmot baseline prunes every layer, got {self.output_layer!r}")
+        axes.MODELS.get(self.model.name).check_implementation(impl.name)
         kept = axes.MODELS.get(self.model.name).keep_dense
         if kept and impl.name == "tfmot":
             raise ConfigError("model", f"the tfmot baseline prunes every layer; {self.model.name!r} keeps {list(kept)} dense")

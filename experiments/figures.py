@@ -334,12 +334,12 @@ def _choose_curve_sparsity(runs: pd.DataFrame, wanted: float | None) -> float:
 
 
 def _fully_connected(runs: pd.DataFrame) -> bool:
-    """Whether every model of the sweep is Dense layers only (no stem): the layer-speed benchmark's figures, of
+    """Whether every model of the sweep is Dense layers only (no stem, no builder): the layer-speed benchmark's figures, of
     Dense layers, go with those sweeps and not with a convnet's."""
     from experiments import axes
 
     names = {str(m).split("-")[0] for m in runs["model"].unique()}
-    return all(n in axes.MODELS and not axes.MODELS.get(n).stem for n in names)
+    return all(n in axes.MODELS and not axes.MODELS.get(n).stem and not axes.MODELS.get(n).builder for n in names)
 
 
 def draw_figures(

@@ -24,7 +24,11 @@ from experiments.axis_registry import resolve
 if TYPE_CHECKING:
     from experiments.config import ModelConfig
 
-__all__ = ["build", "initial_weights", "hidden_widths", "layer_positions", "lenet5_stem", "mobilenet_stem"]
+__all__ = ["MHA_KERNELS", "build", "initial_weights", "hidden_widths", "layer_positions", "lenet5_stem", "mobilenet_stem"]
+
+
+MHA_KERNELS = ("query", "key", "value", "output")
+"""``MultiHeadAttention``'s projections, whose kernels a report names ``query_kernel`` ... (as ``prune``'s)."""
 
 
 def hidden_widths(config: ModelConfig) -> tuple[int, ...]:
@@ -81,7 +85,8 @@ def mobilenet_stem(keras: Any, input_shape: tuple[int, ...], config: ModelConfig
 
 
 def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, keras: Any) -> Any:
-    """A Sequential model for ``config`` (not compiled, weights not yet set).
+    """A Sequential model for ``config`` (not compiled, weights not yet set); a functional one for a model with a
+    ``builder`` (``vit``, ``mixer``: :mod:`experiments.transformers`).
 
     lenet300 and mlp flatten the input, then Dense+ReLU layers, then a Dense
     softmax. lenet5 is conv(6, 5x5, same)-maxpool-conv(16, 5x5, same)-maxpool-
@@ -96,6 +101,8 @@ def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, ker
     """
     L = keras.layers
     spec = axes.MODELS.get(config.name)
+    if spec.builder:  # a whole functional model (the transformers: blocks with residual connections)
+        return resolve(spec.builder)(keras, config, tuple(input_shape), n_classes)
     layers: list[Any] = [keras.Input(shape=tuple(input_shape))]
     layers += resolve(spec.stem)(keras, tuple(input_shape), config) if spec.stem else [L.Flatten(name="flatten")]
     widths = hidden_widths(config)
@@ -106,7 +113,8 @@ def build(config: ModelConfig, input_shape: tuple[int, ...], n_classes: int, ker
 
 
 def initial_weights(model: Any, seed: int) -> list[np.ndarray]:
-    """Glorot-uniform kernels and zero biases from numpy, in ``model.get_weights()`` order.
+    """Glorot-uniform kernels and zero biases from numpy, in ``model.get_weights()`` order (``N(0, 0.02)`` for vit's
+    position table).
 
     Batch normalisation starts as Keras starts it: ``gamma`` and ``moving_variance`` ones, ``beta`` and
     ``moving_mean`` zeros.
@@ -117,6 +125,10 @@ def initial_weights(model: Any, seed: int) -> list[np.ndarray]:
     for w, name in zip(model.get_weights(), names, strict=True):
         if w.ndim == 1 and name in ("gamma", "moving_variance"):
             out.append(np.ones_like(w))
+        elif name == "bias":  # 2-D in an attention projection ([heads, head_dim]): zeros all the same
+            out.append(np.zeros_like(w))
+        elif name == "positions":  # vit's learned position table: N(0, 0.02), as ViT's
+            out.append(rng.normal(0.0, 0.02, size=w.shape).astype(w.dtype))
         elif w.ndim >= 2:
             receptive = int(np.prod(w.shape[:-2])) if w.ndim > 2 else 1
             fan_in, fan_out = w.shape[-2] * receptive, w.shape[-1] * receptive
@@ -129,14 +141,19 @@ def initial_weights(model: Any, seed: int) -> list[np.ndarray]:
 
 def layer_positions(model: Any) -> dict[str, float]:
     """Times each kernel is applied per example (:func:`prune.core.counting.applications`, as ``prune.sparsity_report``
-    counts): 1 for Dense on ``[batch, features]``, the output positions H*W for Conv2D. Keras 3 or tf-keras layers."""
+    counts): 1 for Dense on ``[batch, features]`` (the tokens on ``[batch, tokens, features]``), the output positions
+    H*W for Conv2D; by ``layer/query_kernel`` ... for a ``MultiHeadAttention`` layer's four kernels. Keras 3 or
+    tf-keras layers."""
     from prune.core.counting import applications
 
-    return {
-        (getattr(layer, "base_name", None) or layer.name): applications(layer, "kernel")
-        for layer in model.layers
-        if hasattr(layer, "kernel")
-    }
+    out: dict[str, float] = {}
+    for layer in model.layers:
+        name = getattr(layer, "base_name", None) or layer.name
+        if hasattr(layer, "kernel"):
+            out[name] = applications(layer, "kernel")
+        elif all(hasattr(layer, f"{p}_dense") for p in MHA_KERNELS):
+            out.update({f"{name}/{p}_kernel": applications(layer, f"{p}_kernel") for p in MHA_KERNELS})
+    return out
 
 
 def seeded_model(run: Any, data: Any, keras_module: Any) -> tuple[Any, dict[str, float]]:

@@ -40,6 +40,7 @@ import pandas as pd
 
 from experiments.config import RunConfig, TrainingConfig
 from experiments.library_names import REPORT_COLUMNS
+from experiments.models import MHA_KERNELS
 
 __all__ = [
     "Diverged",
@@ -314,8 +315,15 @@ def run_outcome(
 
 
 def dense_kernels(model: Any) -> dict[str, list[tuple[str, np.ndarray]]]:
-    """The kernels of a plain (dense-layer) model as numpy arrays, by layer name: ``{layer: [("kernel", array)]}``."""
-    return {layer.name: [("kernel", np.asarray(layer.kernel.numpy()))] for layer in model.layers if hasattr(layer, "kernel")}
+    """The kernels of a plain (dense-layer) model as numpy arrays, by layer name: ``{layer: [("kernel", array)]}``;
+    a ``MultiHeadAttention`` layer's four, ``[("query_kernel", array), ...]``."""
+    out: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for layer in model.layers:
+        if hasattr(layer, "kernel"):
+            out[layer.name] = [("kernel", np.asarray(layer.kernel.numpy()))]
+        elif all(hasattr(layer, f"{p}_dense") for p in MHA_KERNELS):
+            out[layer.name] = [(f"{p}_kernel", np.asarray(getattr(layer, f"{p}_dense").kernel.numpy())) for p in MHA_KERNELS]
+    return out
 
 
 def variable_bytes(model: Any) -> int:
@@ -327,7 +335,8 @@ def measure_keras3(
     result: TrainResult, model: Any, deployed: Any, positions: dict[str, float], status: str, x_test: np.ndarray,
     checkpoint: Any,
 ) -> dict[str, Any]:
-    """:func:`run_outcome` of a trained Keras 3 model, plus ``kernels`` (its final dense kernels by layer).
+    """:func:`run_outcome` of a trained Keras 3 model, plus ``kernels`` (its final dense kernels by layer, and by
+    ``layer/weight`` for an attention layer's).
 
     The weight report is taken on ``deployed`` (the model's dense equivalent,
     zeros in place), latency on ``model`` itself, which is also what
@@ -347,11 +356,12 @@ def measure_keras3(
 
     kernels = dense_kernels(deployed)
     report = weight_report(
-        [(layer, w, value, positions.get(layer, 1.0), status) for layer, ws in kernels.items() for w, value in ws]
+        [(layer, w, value, positions.get(f"{layer}/{w}", positions.get(layer, 1.0)), status)
+         for layer, ws in kernels.items() for w, value in ws]
     )
     predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
     out = run_outcome(result, report, predict, x_test, model, checkpoint, variable_bytes(model), "keras")
-    out["kernels"] = {layer: ws[0][1] for layer, ws in kernels.items()}
+    out["kernels"] = {layer if w == "kernel" else f"{layer}/{w}": value for layer, ws in kernels.items() for w, value in ws}
     return out
 
 
