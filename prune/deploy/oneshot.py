@@ -216,6 +216,13 @@ def _recording(views: list[tuple[_View, InputStatistics | None]]) -> Iterator[No
         yield
 
 
+def _original_name(layer: Any) -> str:
+    """The name ``layer`` has in the model given to ``prune_low_magnitude``: a ``PruneLowMagnitude`` wrapper's
+    (``prune_low_magnitude_<name>``) is its inner layer's."""
+    inner = getattr(layer, "layer", None)
+    return inner.name if type(layer).__name__ == "PruneLowMagnitude" and inner is not None else layer.name
+
+
 def _blocks(model: Any) -> list[Any]:
     """The layers calibrated one after the other: the model's layers, with nested Sequential and functional
     models (a KerasHub backbone) replaced by their own blocks, in order."""
@@ -317,8 +324,9 @@ def oneshot(
 
     schedule = ConstantSparsity(algo.sparsity, begin_step=0)
     everything = prune_low_magnitude(model, schedule)  # what the engine would mask: the rest stays plain
-    others = sorted({layer.name for layer in iter_layers(everything)
-                     if getattr(layer, "takes_mask_targets", False) and layer.name not in selected})
+    # The layers that would hold a pruned weight, by their names in `model` (a custom layer with
+    # get_prunable_weights() is wrapped, as prune_low_magnitude_<name>; one that returns [] holds none).
+    others = sorted({_original_name(t.layer) for t in mask_targets(everything)} - selected)
     skipped = sorted(n for n in others if chosen is None or chosen(n))
     if skipped:
         warnings.warn(f"oneshot leaves these prunable layers dense (no one-shot form): {skipped}", PruningWarning,

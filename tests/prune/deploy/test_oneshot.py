@@ -141,3 +141,31 @@ def test_bad_input_is_refused_naming_the_argument_before_any_change():
         prune.oneshot(norm, x, 0.5, "wanda", layers=["ln"])
     for a, b in zip(before, _weights(model)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_oneshot_keeps_a_custom_prunable_layer_dense_under_its_own_name():
+    """A layer with get_prunable_weights() is wrapped by prune_low_magnitude (prune_low_magnitude_<name>); oneshot
+    names it as the model does, and one that declares no prunable weight is neither pruned nor warned about."""
+    import warnings
+
+    import keras
+
+    class Scale(keras.layers.Layer):
+        def build(self, shape):
+            self.table = self.add_weight(shape=(shape[-1], shape[-1]), initializer="ones", name="table")
+
+        def call(self, x):
+            return x @ self.table
+
+        def get_prunable_weights(self):
+            return []
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, name="fc"), Scale(name="scale"),
+                              keras.layers.Dense(4, name="out")])
+    x = np.random.default_rng(0).standard_normal((32, 8)).astype("float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", prune.PruningWarning)
+        pruned = prune.oneshot(model, x, 0.5, method="wanda")
+    report = prune.sparsity_report(pruned).set_index("layer")
+    assert report.loc["fc", "sparsity"] == 0.5 and report.loc["out", "sparsity"] == 0.5
+    np.testing.assert_array_equal(pruned.get_layer("prune_low_magnitude_scale").layer.table.numpy(), np.ones((8, 8)))
