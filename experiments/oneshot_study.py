@@ -277,12 +277,19 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="prune and fine-tune every stage-1 run (resumes)")
     r.add_argument("--shard", type=_shard, default=(0, 1), help="i/n: this process takes runs i, i+n, ...")
     r.add_argument("--threads", type=int, default=1, help="TensorFlow's intra-op threads (default 1)")
+    r.add_argument("--runs", default="", help="comma-separated stage-1 run ids to take (default: every finished one)")
     sub.add_parser("table", help="join the rows into oneshot.csv and test the claims into comparisons.csv")
     args = p.parse_args(argv)
     if args.command == "run":
         if args.threads < 1:
             p.error(f"--threads must be >= 1, got {args.threads}")
         runs = source_runs()
+        wanted = [r for r in args.runs.split(",") if r]
+        unknown = sorted(set(wanted) - set(runs["run_id"]))
+        if unknown:
+            p.error(f"--runs: {unknown} are not finished runs of {STUDY.source} ({sorted(runs['run_id'])})")
+        if wanted:
+            runs = runs[runs["run_id"].isin(wanted)].reset_index(drop=True)
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
