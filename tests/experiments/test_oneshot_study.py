@@ -3,6 +3,7 @@ one-shot masks through fine-tuning and refuses another config's rows; the claims
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -51,10 +52,21 @@ def test_stage_two_prunes_each_trained_run_keeps_its_masks_through_fine_tuning_a
     before = {f: f.read_text() for f in (tmp_path / "results" / "tiny_oneshot" / "rows").glob("*.csv")}
     prune_run(runs.iloc[0], study, tmp_path / "results", log=lambda line: None)  # finished: nothing is redone
     assert {f: f.read_text() for f in before} == before
+    cut = dataclasses.replace(study, finetune_at=("2:4",))  # fewer fine-tuned settings: the same rows, still done
+    prune_run(runs.iloc[0], cut, tmp_path / "results", log=lambda line: None)
+    assert {f: f.read_text() for f in before} == before
     other = OneShotStudy(name="tiny_oneshot", source="tiny_dense", methods=("magnitude",), sparsities=(0.5,), nm=(),
                          calibration=32)
     with pytest.raises(ValueError, match=r"holds rows of another study config"):
         prune_run(runs.iloc[0], other, tmp_path / "results")
+    fresh = tmp_path / "fresh"  # a study that fine-tunes at 2:4 only writes no fine-tuned 50% row
+    (fresh / "tiny_dense").parent.mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(tmp_path / "results" / "tiny_dense", fresh / "tiny_dense")
+    prune_run(runs.iloc[0], cut, fresh, log=lambda line: None)
+    got = table(cut, fresh)
+    assert set(got.loc[got["finetuned"] == 1, "setting"]) == {"0%", "2:4"} and len(got) == 2 + 2 * 2 + 2
 
 
 def _rows(acc):
