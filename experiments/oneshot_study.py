@@ -272,6 +272,10 @@ def comparisons(rows: pd.DataFrame) -> pd.DataFrame:
             sb = sb - _series(rows, "magnitude", b[1], 0)
         elif kind == "closes":
             sa, sb = sa - sb, 0.5 * (dense - sb)
+        pairs = sorted(set(dense.index))
+        missing = sorted(set(pairs) - set(sa.dropna().index) | set(pairs) - set(sb.dropna().index))
+        if missing:
+            raise ValueError(f"claim {claim!r}: no rows for the pairs {missing}; finish stage 2 first")
         r = paired(sa, sb)
         out.append(dict(claim=claim, kind=kind, diff=100 * r.mean, low=100 * r.low, high=100 * r.high, p=r.p_value,
                         wins=r.wins, n=r.n))

@@ -45,6 +45,11 @@ INPUTS: dict[str, list[tuple[str, str]]] = {
          "python benchmarks/deployed_latency.py --checkpoints ROOT (an earlier run, kept)"),
         ("results/fmnist_lenet5/latency.csv", "python benchmarks/deployed_latency.py --checkpoints ROOT --study lenet5"),
     ],
+    "06_oneshot_transformers": [
+        ("results/fmnist_transformers_oneshot/oneshot.csv",
+         "python -m experiments.oneshot_study run, then python -m experiments.oneshot_study table"),
+        ("results/fmnist_transformers_oneshot/comparisons.csv", "python -m experiments.oneshot_study table"),
+    ],
 }
 """Per notebook (by file stem), the tables it reads, relative to the repository, each with the command that
 writes it (all are committed: ``git checkout -- <path>`` restores one)."""

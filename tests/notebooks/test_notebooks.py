@@ -41,7 +41,8 @@ NB02 = NOTEBOOKS / "02_sparse_kernels.ipynb"
 NB03 = NOTEBOOKS / "03_partial_freezing.ipynb"
 NB04 = NOTEBOOKS / "04_methods.ipynb"
 NB05 = NOTEBOOKS / "05_fashion_mnist.ipynb"
-ALL = [NB01, NB02, NB03, NB04, NB05]
+NB06 = NOTEBOOKS / "06_oneshot_transformers.ipynb"
+ALL = [NB01, NB02, NB03, NB04, NB05, NB06]
 STUDY = ["fmnist_lenet300", "fmnist_lenet300_small_dense", "fmnist_lenet300_patterns", "fmnist_lenet300_imp", "fmnist_lenet5",
          "fmnist_lenet5_small_dense", "fmnist_lenet5_patterns", "fmnist_lenet5_gmp", "fmnist_lenet5_small_dense_sizes"]
 ROOT_LINE = 'RESULTS_ROOT = ROOT / "results"'
@@ -216,6 +217,27 @@ def test_05_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
     latency.to_csv(path, index=False)
     with pytest.raises(CellExecutionError, match=r"AssertionError(\x1b\[\d+m)*: LiteRT's dense LeNet-300-100 is not faster"):
         run_notebook(NB05, results_root=root)
+
+
+def test_06_on_the_committed_oneshot_study() -> None:
+    nb = run_notebook(NB06)
+    assert_reproduces_committed(NB06, nb)
+
+
+def test_06_fails_when_a_claim_goes_stale(tmp_path: Path) -> None:
+    """One SparseGPT row's accuracy changed in a copy of oneshot.csv: the committed comparisons no longer follow from
+    the rows, and the notebook says so."""
+    import pandas as pd
+
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS / "fmnist_transformers_oneshot", root / "fmnist_transformers_oneshot")
+    path = root / "fmnist_transformers_oneshot" / "oneshot.csv"
+    rows = pd.read_csv(path)
+    cell = (rows["method"] == "sparsegpt") & (rows["setting"] == "50%") & (rows["finetuned"] == 0)
+    rows.loc[rows.index[cell][0], "test_accuracy"] -= 0.05
+    rows.to_csv(path, index=False)
+    with pytest.raises(CellExecutionError, match=r"AssertionError"):
+        run_notebook(NB06, results_root=root)
 
 
 def _execute_module():
