@@ -139,8 +139,13 @@ def _alive(pid: int) -> bool:
 def test_ctrl_c_stops_the_sweep_at_once_with_one_line(tmp_path):
     config = sweep(tmp_path, "intr", '["masked"]', sparsities="[0.3, 0.5, 0.7]", epochs=40)
     results = tmp_path / "results"
+    # As a terminal starts a foreground job: SIGINT at its default. An ignored SIGINT survives exec, and Python then
+    # installs no KeyboardInterrupt handler; this test process may have inherited one ignored (seen under the full
+    # suite's xdist workers: the runner then never saw the Ctrl-C), so the child resets it before exec.
+    cmd = [sys.executable, "-m", "experiments", "run", str(config), "--results", str(results)]
+    reset = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "experiments", "run", str(config), "--results", str(results)],
+        [sys.executable, "-c", reset, *cmd],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     started = None
