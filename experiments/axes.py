@@ -524,10 +524,12 @@ MODELS.register(Model("mobilenet", hidden=(), stem="experiments.models:mobilenet
 _TOKENS_RUN_ON = ("dense", "masked")
 _TOKENS_WHY = ("its attention projections are EinsumDense layers, which have no sparse layer yet (issue 36), and "
                "tfmot cannot prune its blocks")
+# The patch embedding (conv_0) stays dense, as SparseGPT and Wanda leave a transformer's embeddings dense, so that
+# pruning during training (GMP) and after it (experiments.oneshot_study) prune the same layers.
 MODELS.register(Model("vit", hidden=(), builder="experiments.transformers:vit", needs_image=True, conv=True, tokens=True,
-                      heads=True, runs_on=_TOKENS_RUN_ON, why_not=_TOKENS_WHY))
+                      heads=True, runs_on=_TOKENS_RUN_ON, why_not=_TOKENS_WHY, keep_dense=("conv_0",)))
 MODELS.register(Model("mixer", hidden=(), builder="experiments.transformers:mixer", needs_image=True, conv=True,
-                      tokens=True, runs_on=_TOKENS_RUN_ON, why_not="tfmot cannot prune its blocks, and the sparse_tensor "
+                      tokens=True, runs_on=_TOKENS_RUN_ON, keep_dense=("conv_0",), why_not="tfmot cannot prune its blocks, and the sparse_tensor "
                       "implementation builds Sequential models only"))
 
 _KERAS3 = "experiments.implementations:"

@@ -15,6 +15,10 @@ A dense row per run gives the trained model's accuracy, and a dense model fine-t
 Rows go to ``results/<name>/rows/<run_id>.csv`` as each finishes, so a stopped stage resumes where it was;
 ``oneshot.csv`` joins them, and ``comparisons.csv`` holds :func:`comparisons`.
 
+Stage 3 (``experiments/configs/fmnist_transformers_gmp.toml``) trains GMP from scratch to 50% and 70% on the same
+layers, seeds and data; ``gmp.csv`` holds its runs as rows (:func:`gmp_rows`), and ``gmp_comparisons.csv`` the
+one-shot models against them (:data:`GMP_FAMILY`, its own Holm family, fixed before stage 3 ran).
+
 The rule and the claims were fixed before the run (:data:`FAMILY`): one family of comparisons of test accuracy,
 each over the (model, seed) pairs (2 models x 3 seeds: paired by seed within a model), two-sided paired t-tests,
 Holm's step-down correction over the family at 0.05. A claim holds when its Holm-adjusted p is below 0.05 *and*
@@ -120,6 +124,50 @@ FAMILY: list[tuple[str, tuple[str, str, int], tuple[str, str, int], str]] = [
 """The claims tested (Frantar & Alistarh 2023; Sun et al. 2024), fixed before the run: SparseGPT >= Wanda >>
 magnitude at 50-60% with no fine-tune; the gap grows with sparsity; 2:4 is harder than 50% unstructured;
 fine-tuning closes most of the gap."""
+
+
+GMP_SOURCE = "fmnist_transformers_gmp"
+"""Stage 3: GMP trained from scratch (``experiments/configs/fmnist_transformers_gmp.toml``), 50% and 70%."""
+
+GMP_FAMILY: list[tuple[str, tuple[str, str, int], tuple[str, str, int], str]] = [
+    ("magnitude (one shot, no fine-tune) against GMP at 50%", ("magnitude", "50%", 0), ("gmp", "50%", 0), "diff"),
+    ("Wanda (one shot, no fine-tune) against GMP at 50%", ("wanda", "50%", 0), ("gmp", "50%", 0), "diff"),
+    ("SparseGPT (one shot, no fine-tune) against GMP at 50%", ("sparsegpt", "50%", 0), ("gmp", "50%", 0), "diff"),
+    ("magnitude (one shot, one epoch) against GMP at 70%", ("magnitude", "70%", 1), ("gmp", "70%", 0), "diff"),
+    ("Wanda (one shot, one epoch) against GMP at 70%", ("wanda", "70%", 1), ("gmp", "70%", 0), "diff"),
+    ("SparseGPT (one shot, one epoch) against GMP at 70%", ("sparsegpt", "70%", 1), ("gmp", "70%", 0), "diff"),
+]
+"""One-shot pruning against GMP from scratch (stage 3), fixed before stage 3 ran. No paper claims a direction, so
+a difference is established when its Holm-adjusted p (over these 6) is below 0.05, whatever its sign."""
+
+
+def gmp_rows(study: OneShotStudy = STUDY, results: Path = RESULTS, source: str = GMP_SOURCE) -> pd.DataFrame:
+    """Stage 3's finished runs as rows of :func:`table` (``method == "gmp"``, ``finetuned == 0``).
+
+    Raises:
+        FileNotFoundError: stage 3 has not run.
+        ValueError: a run pruned a layer outside ``study.layers`` (then it is not the comparison stage 2 makes).
+    """
+    import re
+
+    path = results / source / "runs.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"no {path}: run stage 3 first (python -m experiments run "
+                                f"experiments/configs/{source}.toml)")
+    runs = pd.read_csv(path)
+    runs = runs[runs["status"] == "ok"]
+    out = []
+    for r in runs.itertuples():
+        layers = json.loads(r.layer_sparsity)
+        outside = sorted(k for k, v in layers.items() if v > 0 and not re.fullmatch(study.layers, k.split("/")[0]))
+        if outside:
+            raise ValueError(f"run {r.run_id} pruned {outside}, which stage 2 keeps dense")
+        inside = [v for k, v in layers.items() if re.fullmatch(study.layers, k.split("/")[0])]
+        out.append(dict(run_id=r.run_id, model=r.model, seed=int(r.seed), method="gmp",
+                        setting=f"{round(100 * r.target_sparsity)}%", finetuned=0, test_accuracy=r.test_accuracy,
+                        val_accuracy=r.val_accuracy, test_loss=r.test_loss, pruned_sparsity=float(np.mean(inside)),
+                        seconds=r.fit_seconds, study_hash=""))
+    return pd.DataFrame(out, columns=ROW_COLUMNS).sort_values(["model", "setting", "seed"]).reset_index(drop=True)
 
 
 def source_runs(study: OneShotStudy = STUDY, results: Path = RESULTS) -> pd.DataFrame:
@@ -259,13 +307,21 @@ def _series(rows: pd.DataFrame, method: str, setting: str, finetuned: int) -> pd
     return pd.Series(r["test_accuracy"].to_numpy(), index=r["model"] + "/" + r["seed"].astype(str))
 
 
-def comparisons(rows: pd.DataFrame) -> pd.DataFrame:
-    """:data:`FAMILY`, in points of test accuracy: difference, 95% interval, raw and Holm-adjusted p, ``holds``."""
+def comparisons(rows: pd.DataFrame, family: list[tuple[str, tuple[str, str, int], tuple[str, str, int], str]] = FAMILY,
+                signed: bool = True) -> pd.DataFrame:
+    """A family of comparisons, in points of test accuracy: difference, 95% interval, raw and Holm-adjusted p, ``holds``.
+
+    Args:
+        rows: :func:`table`'s rows (with :func:`gmp_rows` appended for :data:`GMP_FAMILY`).
+        family: :data:`FAMILY` (the default) or :data:`GMP_FAMILY`.
+        signed: ``holds`` needs the claimed sign (a positive difference) as well as Holm's p below 0.05; ``False``:
+            Holm's p alone (a two-sided finding).
+    """
     from experiments.stats import holm, paired
 
     dense = _series(rows, "dense", "0%", 0)
     out = []
-    for claim, a, b, kind in FAMILY:
+    for claim, a, b, kind in family:
         sa, sb = _series(rows, *a), _series(rows, *b)
         if kind == "gap":
             sa = sa - _series(rows, "magnitude", a[1], 0)
@@ -281,7 +337,7 @@ def comparisons(rows: pd.DataFrame) -> pd.DataFrame:
                         wins=r.wins, n=r.n))
     frame = pd.DataFrame(out)
     frame["holm_p"] = holm(frame["p"])
-    frame["holds"] = (frame["holm_p"] < 0.05) & (frame["diff"] > 0)
+    frame["holds"] = (frame["holm_p"] < 0.05) & ((frame["diff"] > 0) | (not signed))
     return frame
 
 
@@ -302,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--shard", type=_shard, default=(0, 1), help="i/n: this process takes runs i, i+n, ...")
     r.add_argument("--threads", type=int, default=1, help="TensorFlow's intra-op threads (default 1)")
     r.add_argument("--runs", default="", help="comma-separated stage-1 run ids to take (default: every finished one)")
-    sub.add_parser("table", help="join the rows into oneshot.csv and test the claims into comparisons.csv")
+    sub.add_parser("table", help="join the rows into oneshot.csv and test the claims into comparisons.csv (and, once "
+                   "stage 3 has run, gmp.csv and gmp_comparisons.csv)")
     args = p.parse_args(argv)
     if args.command == "run":
         if args.threads < 1:
@@ -329,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     frame.to_csv(folder / "comparisons.csv", index=False)
     (folder / "study.json").write_text(json.dumps({"hash": STUDY.hash, **dataclasses.asdict(STUDY)}, indent=2) + "\n")
     print(frame.round(4).to_string(index=False))
+    if (RESULTS / GMP_SOURCE / "runs.csv").exists():
+        gmp = gmp_rows()
+        gmp.to_csv(folder / "gmp.csv", index=False)
+        against = comparisons(pd.concat([rows, gmp], ignore_index=True), GMP_FAMILY, signed=False)
+        against.to_csv(folder / "gmp_comparisons.csv", index=False)
+        print(against.round(4).to_string(index=False))
     return 0
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.oneshot_study import FAMILY, OneShotStudy, comparisons, prune_run, source_runs, table
+from experiments.oneshot_study import (FAMILY, GMP_FAMILY, OneShotStudy, comparisons, gmp_rows, prune_run, source_runs,
+                                       table)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,3 +112,52 @@ def test_claims_refuse_a_table_missing_a_pair():
                                 & (rows["model"] == "m1")])
     with pytest.raises(ValueError, match=r"claim 'SparseGPT above Wanda at 60%, no fine-tune': no rows for the pairs \['m1/2'\]"):
         comparisons(rows)
+
+
+def _gmp_runs(tmp_path, layers):
+    """A stage-3 ``runs.csv`` of 2 models x 3 seeds x (50%, 70%) whose runs pruned ``layers`` (name: sparsity)."""
+    import json
+
+    out = []
+    for k in range(6):
+        for target in (0.5, 0.7):
+            sparsity = {name: (target if v is None else v) for name, v in layers.items()}
+            out.append(dict(run_id=f"masked-{k}-{target}", model=f"m{k // 3}", seed=k % 3, target_sparsity=target,
+                            status="ok", test_accuracy=0.6 + 0.01 * k - 0.1 * target, val_accuracy=0.6,
+                            test_loss=1.0, fit_seconds=10.0, layer_sparsity=json.dumps(sparsity)))
+    folder = tmp_path / "gmp"
+    folder.mkdir()
+    pd.DataFrame(out).to_csv(folder / "runs.csv", index=False)
+    return tmp_path
+
+
+def test_gmp_runs_become_rows_and_are_compared_two_sided_paired_by_model_and_seed(tmp_path):
+    results = _gmp_runs(tmp_path, {"block_0_attn/query_kernel": None, "block_0_mlp_0/kernel": None,
+                                   "conv_0/kernel": 0.0, "dense_head/kernel": 0.0})
+    gmp = gmp_rows(results=results, source="gmp")
+    assert len(gmp) == 12 and set(gmp["setting"]) == {"50%", "70%"} and (gmp["method"] == "gmp").all()
+    assert np.allclose(gmp.groupby("setting")["pruned_sparsity"].mean(), [0.5, 0.7])
+    base = np.array([0.55, 0.56, 0.57, 0.58, 0.59, 0.60])  # GMP at 50%, pair by pair
+    acc = {("dense", "0%", 0): base + 0.1,
+           ("magnitude", "50%", 0): base - 0.02,  # a constant 2 points below GMP: established, though negative
+           ("wanda", "50%", 0): base + np.array([0.01, -0.01, 0.0, 0.01, -0.01, 0.0]),  # mean 0: not established
+           ("sparsegpt", "50%", 0): base + 0.001 * np.arange(6)}
+    for method in ("magnitude", "wanda", "sparsegpt"):
+        acc[(method, "70%", 1)] = base - 0.02 + 0.01  # 1 point above GMP at 70% (0.53 + k/100)
+    rows = pd.concat([_rows(acc), gmp], ignore_index=True)
+    frame = comparisons(rows, GMP_FAMILY, signed=False).set_index("claim")
+    assert len(frame) == 6 and (frame["n"] == 6).all()
+    mag = frame.loc["magnitude (one shot, no fine-tune) against GMP at 50%"]
+    assert mag["diff"] == pytest.approx(-2.0) and mag["holds"]
+    wanda = frame.loc["Wanda (one shot, no fine-tune) against GMP at 50%"]
+    assert wanda["diff"] == pytest.approx(0.0, abs=1e-9) and not wanda["holds"]
+    assert frame.loc["SparseGPT (one shot, one epoch) against GMP at 70%", "diff"] == pytest.approx(1.0)
+    assert not comparisons(rows, GMP_FAMILY).loc[0, "holds"]  # signed: a negative difference never holds
+
+
+def test_gmp_rows_refuse_a_run_that_pruned_a_layer_stage_two_keeps_dense(tmp_path):
+    results = _gmp_runs(tmp_path, {"block_0_mlp_0/kernel": None, "conv_0/kernel": 0.5})
+    with pytest.raises(ValueError, match=r"pruned \['conv_0/kernel'\], which stage 2 keeps dense"):
+        gmp_rows(results=results, source="gmp")
+    with pytest.raises(FileNotFoundError, match="run stage 3 first"):
+        gmp_rows(results=tmp_path, source="nothing")
