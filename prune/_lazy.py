@@ -60,7 +60,15 @@ def _prune_initializing() -> bool:
 
 
 def settle() -> None:
-    """Run the work that waited for a prune import to finish, if none is in progress now."""
+    """Run the work that waited for a prune import to finish, if none is in progress now.
+
+    A watched module (:class:`_After`) found imported and fully run, though its finder never saw it run (a module
+    loaded through a spec asked for earlier, or put into ``sys.modules`` by hand), has its work run now too.
+    """
+    for finder in [f for f in sys.meta_path if isinstance(f, _After)]:
+        module = sys.modules.get(finder.name)
+        if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+            finder.fire()
     with _lock:
         if not _pending or _prune_initializing():
             return
@@ -91,27 +99,44 @@ def _soon(fn: Callable[[], None]) -> None:
 
 
 class _After(importlib.abc.MetaPathFinder):
-    """Runs ``then`` right after module ``name`` has been imported; otherwise finds nothing."""
+    """Runs ``then`` once, right after module ``name`` has been imported; otherwise finds nothing.
+
+    It stays on ``sys.meta_path`` until the module has run: ``importlib.util.find_spec(name)`` asks the finders
+    without importing anything (TensorFlow's ``import tensorflow`` does so for ``"keras"``), and a finder that left
+    at that question would miss the import that follows. Each spec it hands out runs ``then`` when its module is
+    executed; :func:`settle` also runs it for a module that was imported some other way.
+    """
 
     def __init__(self, name: str, then: Callable[[], None]) -> None:
         self.name, self.then = name, then
+        self._asking = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:  # (waiting work gets its chance at each import from _Settle)
+        if fullname != self.name or self._asking:  # (waiting work gets its chance at each import from _Settle)
             return None
-        _remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._asking = True
+        try:
+            spec = importlib.util.find_spec(fullname)  # the other finders' answer (this one declines while asking)
+        finally:
+            self._asking = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            _soon(self.then)
             return spec
-        run, then = spec.loader.exec_module, self.then
+        run = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
             run(module)
-            _soon(then)
+            self.fire()
 
         spec.loader.exec_module = exec_module  # this spec's own loader object only
         return spec
+
+    def fire(self) -> None:
+        """Leave ``sys.meta_path`` and run ``then`` (at once, or when no prune import is part-way); once only."""
+        with _lock:
+            if self not in sys.meta_path:
+                return
+            _remove(self)
+        _soon(self.then)
 
 
 class _Settle(importlib.abc.MetaPathFinder):

@@ -242,6 +242,39 @@ def test_keras_side_loads_on_first_use_and_registers_for_loading():
     assert out == {"before": False, "after": True, "layers": ["MaskedConv2D", "Flatten", "MaskedDense", "MaskedDense"]}
 
 
+def test_keras_side_registers_after_a_find_spec_that_imports_nothing():
+    """``import tensorflow`` asks ``importlib.util.find_spec("keras")`` before Keras is imported: prune's Keras side
+    must still register when Keras then loads. (It did not: a runner worker imports prune first, and its
+    ``MultiHeadAttention`` layers stayed dense with a "no masked class" warning.)"""
+    out = _child(
+        "import importlib.util\n"
+        "import prune\n"
+        "spec = importlib.util.find_spec('keras')\n"
+        "asked = 'keras' in sys.modules\n"
+        "import tensorflow\n"
+        "import keras\n"
+        "from prune.layers import registry\n"
+        "twin = registry.masked_class_for(keras.layers.MultiHeadAttention(2, 4))\n"
+        "print(json.dumps(dict(asked=asked, more='prune.layers.masked_more' in sys.modules,\n"
+        "  twin=getattr(twin, '__name__', None))))"
+    )
+    assert out == {"asked": False, "more": True, "twin": "MaskedMultiHeadAttention"}
+
+
+def test_a_runner_worker_prunes_attention():
+    """A runner worker (prune imported before TensorFlow, then ``init_process``) masks ``MultiHeadAttention``."""
+    out = _child(
+        "from experiments import run_one\n"
+        "run_one.init_process('keras3', 1)\n"
+        "import keras, prune\n"
+        "x = keras.Input((4, 8))\n"
+        "model = keras.Model(x, keras.layers.MultiHeadAttention(2, 4, name='attn')(x, x))\n"
+        "masked = prune.prune_low_magnitude(model, prune.ConstantSparsity(0.5, 0))\n"
+        "print(json.dumps(dict(attn=type(masked.get_layer('attn')).__name__)))"
+    )
+    assert out == {"attn": "MaskedMultiHeadAttention"}
+
+
 # -- prune's folders import one way ------------------------------------------------------------------------------------
 
 # A folder may import the folders listed for it (and prune's top-level modules: the lazy public names, _lazy,
