@@ -146,7 +146,9 @@ def gmp_rows(study: OneShotStudy = STUDY, results: Path = RESULTS, source: str =
 
     Raises:
         FileNotFoundError: stage 3 has not run.
-        ValueError: a run pruned a layer outside ``study.layers`` (then it is not the comparison stage 2 makes).
+        ValueError: a run pruned a layer outside ``study.layers``, or left one inside it short of the run's target
+            (more than half a point: unstructured pruning rounds per layer); then it is not the comparison stage 2
+            makes.
     """
     import re
 
@@ -163,6 +165,11 @@ def gmp_rows(study: OneShotStudy = STUDY, results: Path = RESULTS, source: str =
         if outside:
             raise ValueError(f"run {r.run_id} pruned {outside}, which stage 2 keeps dense")
         inside = [v for k, v in layers.items() if re.fullmatch(study.layers, k.split("/")[0])]
+        short = sorted(k for k, v in layers.items()
+                       if re.fullmatch(study.layers, k.split("/")[0]) and v < r.target_sparsity - 0.005)
+        if short:
+            raise ValueError(f"run {r.run_id} left {short} below its target {r.target_sparsity}, which stage 2 prunes "
+                             "to it")
         out.append(dict(run_id=r.run_id, model=r.model, seed=int(r.seed), method="gmp",
                         setting=f"{round(100 * r.target_sparsity)}%", finetuned=0, test_accuracy=r.test_accuracy,
                         val_accuracy=r.val_accuracy, test_loss=r.test_loss, pruned_sparsity=float(np.mean(inside)),

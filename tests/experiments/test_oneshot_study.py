@@ -126,7 +126,7 @@ def _gmp_runs(tmp_path, layers):
                             status="ok", test_accuracy=0.6 + 0.01 * k - 0.1 * target, val_accuracy=0.6,
                             test_loss=1.0, fit_seconds=10.0, layer_sparsity=json.dumps(sparsity)))
     folder = tmp_path / "gmp"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     pd.DataFrame(out).to_csv(folder / "runs.csv", index=False)
     return tmp_path
 
@@ -159,5 +159,8 @@ def test_gmp_rows_refuse_a_run_that_pruned_a_layer_stage_two_keeps_dense(tmp_pat
     results = _gmp_runs(tmp_path, {"block_0_mlp_0/kernel": None, "conv_0/kernel": 0.5})
     with pytest.raises(ValueError, match=r"pruned \['conv_0/kernel'\], which stage 2 keeps dense"):
         gmp_rows(results=results, source="gmp")
+    short = _gmp_runs(tmp_path / "short", {"block_0_mlp_0/kernel": None, "block_0_attn/query_kernel": 0.0})
+    with pytest.raises(ValueError, match=r"left \['block_0_attn/query_kernel'\] below its target 0.5"):
+        gmp_rows(results=short, source="gmp")
     with pytest.raises(FileNotFoundError, match="run stage 3 first"):
         gmp_rows(results=tmp_path, source="nothing")
