@@ -11,10 +11,11 @@ t interval. With 5 seeds the t quantile is 2.776, so an interval is about
 Runs that share no initial weights (two architectures, e.g. a pruned
 LeNet-300-100 and a narrower dense one) are compared unpaired by :func:`welch`.
 
-A claim "A beats B by d points" holds here when the paired interval lies
-entirely above 0 (and "no difference" only says the interval contains 0).
-Where a study tests a family of claims at once, :func:`holm` adjusts their
-p-values so the family as a whole keeps its 5% error rate.
+The rule every study here states its claims by (issue 37): a claim "A beats B
+by d points" holds when its two-sided p-value, adjusted by :func:`holm` over the
+family of comparisons it belongs to, is below 0.05 and d has the claimed sign;
+otherwise it is "not established" (which says nothing about there being no
+difference). Intervals are reported unadjusted, for size.
 """
 
 from __future__ import annotations
