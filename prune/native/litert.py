@@ -54,9 +54,10 @@ def build_command(compiler: str, output: str | os.PathLike[str], extra: tuple[st
     Args:
         compiler: The compiler (a C++ driver is fine: ``-x c`` compiles C).
         output: The library to write.
-        extra: Flags added after :data:`FLAGS` (e.g. sanitizers, for tests).
+        extra: Flags added after :data:`FLAGS` and ``$PRUNE_NATIVE_CXXFLAGS`` (:func:`prune.native.extra_flags`,
+            which the sanitizer run sets for the TensorFlow op library and this library alike).
     """
-    return [compiler, *FLAGS, *extra, f"-I{SOURCE.parent}", str(SOURCE), "-o", str(output)]
+    return [compiler, *FLAGS, *native.extra_flags(), *extra, f"-I{SOURCE.parent}", str(SOURCE), "-o", str(output)]
 
 
 def _name(compiler: str) -> str:

@@ -35,7 +35,8 @@ SANITIZE = ("-fsanitize=address,undefined -fno-sanitize=null,nonnull-attribute,r
             "-fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1")
 
 TESTS = ["tests/prune/native/test_native_batches.py", "tests/prune/native/test_native.py", "tests/prune/native/test_native_blocks.py",
-         "tests/prune/native/test_native_panels.py", "tests/prune/native/test_native_conv.py"]
+         "tests/prune/native/test_native_panels.py", "tests/prune/native/test_native_conv.py",
+         "tests/prune/deploy/test_litert_kernels.py"]  # the LiteRT delegate (C), built with the same flags
 # The subprocess tests of test_native.py (concurrent builds, thread counts, fallbacks) start interpreters of their own
 # without the runtime preloaded: they run in `make test`, not here.
 SELECT = "not concurrent and not bitwise and not import_prune and not deadlock and not fresh_build"
