@@ -49,6 +49,10 @@ INPUTS: dict[str, list[tuple[str, str]]] = {
         ("results/fmnist_transformers_oneshot/oneshot.csv",
          "python -m experiments.oneshot_study run, then python -m experiments.oneshot_study table"),
         ("results/fmnist_transformers_oneshot/comparisons.csv", "python -m experiments.oneshot_study table"),
+        ("results/fmnist_transformers_oneshot/gmp.csv",
+         "python -m experiments run experiments/configs/fmnist_transformers_gmp.toml, then python -m "
+         "experiments.oneshot_study table"),
+        ("results/fmnist_transformers_oneshot/gmp_comparisons.csv", "python -m experiments.oneshot_study table"),
     ],
 }
 """Per notebook (by file stem), the tables it reads, relative to the repository, each with the command that
