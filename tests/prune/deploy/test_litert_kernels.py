@@ -6,6 +6,13 @@ built on first use). Outputs equal Keras's within rtol=atol=1e-5 at odd shapes
 and batches; a corrupt structure in the flatbuffer is refused when the node is
 prepared, with the kernel's message. Also the canary for the hand-declared
 TFLite C ABI (``prune/native/litert_abi.h``).
+
+The kernel's vector path (AVX-512, AVX2 or scalar: whichever the build's flags
+give) is checked at every tail length of its blocks, batches 1-13, one and two
+threads (the pool, chunking, ``recommended_num_threads`` and the delegate's
+``num_threads``/``parallel_min_work`` options). To cover the other paths on an
+AVX-512 machine, run this file with ``PRUNE_NATIVE_CXXFLAGS=-march=x86-64-v3``
+(AVX2) or ``-march=x86-64-v2`` (scalar) and a separate ``PRUNE_NATIVE_CACHE``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import pytest
 import prune
 from prune.deploy import export
 from prune.layers import SparseDense
+from prune import native
 from prune.native import litert as native_litert
 
 s = pytest.importorskip("ai_edge_litert.schema_py_generated")
@@ -296,3 +304,185 @@ def test_unknown_custom_options_are_refused():
     content = _hand_made(0, (2, 6), np.eye(5, 6, dtype=np.float32), activation=2)  # 2: relu_n1_to_1, not implemented
     with pytest.raises(RuntimeError, match=r"PruneSparseFC node 0 \(output 'y'\): its custom options must be"):
         export.tflite_interpreter(content)
+
+
+# ---- the vectorised, threaded kernel -------------------------------------------------------------------------
+
+TAIL_NNZ = (0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 65)  # entries per output row: empty, tails of 16 and 8 lanes, 2 x 16
+KERNEL_BATCHES = (1, 2, 3, 4, 5, 8, 13)
+
+
+def _counters() -> tuple[int, int]:
+    """(steps run on several threads so far, threads of the last step) from the loaded delegate library."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(native_litert.delegate_path()))  # the handle load_delegate opened: same globals
+    lib.prune_litert_delegate_parallel_runs.restype = ctypes.c_ulonglong
+    return int(lib.prune_litert_delegate_parallel_runs()), int(lib.prune_litert_delegate_last_threads())
+
+
+def _interpreter(content: bytes, threads: int | None = None, **options) -> object:
+    """A LiteRT interpreter with ``num_threads=threads`` and prune's delegate with ``options`` (delegate_options)."""
+    delegate = litert.load_delegate(str(native_litert.delegate_path()), native_litert.delegate_options(**options))
+    kwargs = {} if threads is None else {"num_threads": threads}
+    return litert.Interpreter(model_content=content, experimental_delegates=[delegate], **kwargs)
+
+
+def _invoke(interpreter, x: np.ndarray) -> np.ndarray:
+    interpreter.resize_tensor_input(interpreter.get_input_details()[0]["index"], x.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+    interpreter.invoke()
+    return np.array(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
+
+
+def _tails() -> np.ndarray:
+    """W^T [n_out, 80] whose output rows hold TAIL_NNZ entries each (twice, at other columns), no zero value."""
+    rng = np.random.default_rng(10)
+    rows = []
+    for count in TAIL_NNZ * 2:
+        row = np.zeros(80, np.float32)
+        cols = rng.choice(80, size=count, replace=False)
+        row[cols] = rng.uniform(0.5, 1.5, size=count) * rng.choice((-1, 1), size=count)
+        rows.append(row)
+    return np.stack(rows)
+
+
+def test_compiled_vector_path_is_reported():
+    path = native_litert.delegate_vector_path()
+    print(f"\nprune LiteRT delegate vector path: {path}")
+    assert path in ("avx512 (16 lanes)", "avx2 (8 lanes)", "scalar (1 lane)")
+    compiler = native._compiler()
+    macros = native._predefined_macros(compiler, [*native_litert.build_attempts()[0], *native.extra_flags()])
+    if macros:  # the path the flags of the first attempt imply (it builds on this machine)
+        want = ("avx512 (16 lanes)" if "__AVX512F__" in macros else
+                "avx2 (8 lanes)" if {"__AVX2__", "__FMA__"} <= macros else "scalar (1 lane)")
+        assert path == want
+    if not native.extra_flags() and "avx512f" in native._cpu_isa().split():
+        assert path == "avx512 (16 lanes)"  # -march=native reached the build
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+def test_tails_and_batches_equal_a_float64_reference(threads):
+    w_t = _tails()
+    nnz = np.count_nonzero(w_t, axis=1)
+    assert sorted(set(nnz)) == sorted(TAIL_NNZ)
+    content = _hand_made(0, (1, 80), w_t)
+    # parallel_min_work=0: this small layer takes the threaded path too when threads == 2
+    interpreter = _interpreter(content, num_threads=threads, parallel_min_work=0)
+    rng = np.random.default_rng(11)
+    before, _ = _counters()
+    for batch in KERNEL_BATCHES:  # one interpreter, resized: the kernel is prepared again each time
+        x = rng.normal(size=(batch, 80)).astype(np.float32)
+        y = _invoke(interpreter, x)
+        want = x.astype(np.float64) @ w_t.T.astype(np.float64)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, err_msg=f"batch {batch}, {threads} threads")
+        assert (y[:, nnz == 0] == 0).all()
+    runs, last = _counters()
+    assert runs - before == (len(KERNEL_BATCHES) if threads == 2 else 0) and last == threads
+
+
+def _wide_layer() -> keras.Model:
+    """1024 -> 512 at 50% with a bias and relu: nnz x rows >= 32768 at batch 1, so 2 threads split it."""
+    rng = np.random.default_rng(12)
+    w = (rng.normal(size=(1024, 512)) * 0.05).astype(np.float32)
+    mask = rng.random((1024, 512)) < 0.5
+    layer = SparseDense.from_dense(w, mask, use_bias=True, activation="relu", name="wide")
+    layer.bias.assign(rng.normal(size=512).astype(np.float32) * 0.1)
+    return keras.Sequential([keras.Input((1024,)), layer])
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+def test_a_large_layer_splits_across_the_interpreters_threads(threads):
+    model = _wide_layer()
+    content = export.to_tflite(model, kernels="prune")
+    interpreter = _interpreter(content, threads=threads)  # Interpreter(num_threads=...), no delegate option
+    rng = np.random.default_rng(13)
+    before, _ = _counters()
+    for batch in (1, 2, 5, 8):
+        x = rng.normal(size=(batch, 1024)).astype(np.float32)
+        y = _invoke(interpreter, x)
+        np.testing.assert_allclose(y, model(x).numpy(), rtol=1e-5, atol=1e-5, err_msg=f"batch {batch}")
+        assert (y == 0).any() and (y > 0).any()
+    runs, last = _counters()
+    assert runs - before == (4 if threads == 2 else 0) and last == threads
+
+
+def test_threads_option_overrides_the_interpreter_and_small_steps_stay_on_one_thread(mlps):
+    model, content, _ = mlps[0.5]
+    x = np.random.default_rng(14).normal(size=(13, N_IN)).astype(np.float32)
+    # two steps in one partition (an internal buffer between them), both split by the delegate's own option
+    before, _ = _counters()
+    y = _invoke(_interpreter(content, threads=1, num_threads=2, parallel_min_work=0), x)
+    runs, last = _counters()
+    np.testing.assert_allclose(y, model(x).numpy(), rtol=1e-5, atol=1e-5)
+    assert runs - before == 2 and last == 2
+    # the default threshold (32768) keeps these small steps (nnz x 13 rows < 32768) on the caller
+    y = _invoke(_interpreter(content, threads=2), x)
+    assert _counters() == (runs, 1)
+    np.testing.assert_allclose(y, model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"bogus": "1"}, r"unknown option 'bogus' \(known: num_threads, parallel_min_work\)"),
+    ({"num_threads": "two"}, r"option num_threads must be an integer in \[0, 64\], got 'two'"),
+    ({"num_threads": "65"}, r"option num_threads must be an integer in \[0, 64\], got '65'"),
+    ({"parallel_min_work": "-1"}, r"option parallel_min_work must be an integer in \[0, \d+\], got '-1'"),
+])
+def test_bad_delegate_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        litert.load_delegate(str(native_litert.delegate_path()), options)
+
+
+def test_partitions_split_by_a_builtin_op_share_the_delegates_threads():
+    """sparse -> plain Dense (LiteRT's own FULLY_CONNECTED) -> sparse: two delegate partitions, one thread pool."""
+    keras.utils.set_random_seed(15)
+    rng = np.random.default_rng(15)
+    first = SparseDense.from_dense(rng.normal(size=(N_IN, 40)).astype(np.float32), rng.random((N_IN, 40)) < 0.4,
+                                   use_bias=True, activation="relu", name="first")
+    last = SparseDense.from_dense(rng.normal(size=(30, N_OUT)).astype(np.float32), rng.random((30, N_OUT)) < 0.4,
+                                  use_bias=False, name="last")
+    model = keras.Sequential([keras.Input((N_IN,)), first, keras.layers.Dense(30, name="plain"), last])
+    content = export.to_tflite(model, kernels="prune")
+    assert export.prune_ops(content) == 2
+    assert [op[0] for op in _ops(content)].count(s.BuiltinOperator.FULLY_CONNECTED) == 1
+    interpreter = _interpreter(content, threads=2, parallel_min_work=0)
+    before, _ = _counters()
+    for batch in (1, 5):
+        x = np.random.default_rng(16).normal(size=(batch, N_IN)).astype(np.float32)
+        np.testing.assert_allclose(_invoke(interpreter, x), model(x).numpy(), rtol=1e-5, atol=1e-5)
+    assert _counters() == (before + 4, 2)
+
+
+def test_a_forked_child_runs_on_one_thread_instead_of_waiting_for_the_parents_pool():
+    """The pool's threads stay in the parent on ``fork()``: an interpreter used in the child runs the step on the
+    caller alone, with the same output, instead of handing it to threads that are not there and waiting forever."""
+    import os
+    import signal
+    import time
+
+    w_t = _tails()
+    interpreter = _interpreter(_hand_made(0, (1, 80), w_t), num_threads=2, parallel_min_work=0)
+    x = np.random.default_rng(14).normal(size=(3, 80)).astype(np.float32)
+    want = _invoke(interpreter, x)  # the pool's threads start here, in the parent
+    assert _counters()[1] == 2
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when the step ran and gave the parent's output
+        code = 3
+        try:
+            interpreter.invoke()
+            code = 0 if np.array_equal(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]), want) else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child waited for the parent's pool threads for 30 s")
+        time.sleep(0.02)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    np.testing.assert_array_equal(_invoke(interpreter, x), want)  # the parent's pool still runs
