@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(PY) -m experiments run experiments/configs/quickstart.toml --workers 2
 
 # Tests run on TEST_WORKERS pytest-xdist processes (one per core of the 2-core reference machine):
-# one process kept a single core busy on average (13 min); two take about 7 min.
+# two took 19 min from a fresh clone on an Intel Xeon (Sapphire Rapids), 12-16 min on an AMD EPYC (README).
 # `make test TEST_WORKERS=0` runs them in this process, one at a time.
 TEST_WORKERS ?= 2
 TEST_ARGS := -q -n $(TEST_WORKERS) --dist worksteal
