@@ -175,7 +175,6 @@ def build(name: str, sparsity: float, matmul: str):
     import keras
 
     import prune
-    from prune.layers.sparse import SparseDense
 
     spec = MODELS[name]
     keras.utils.set_random_seed(0)
@@ -192,15 +191,11 @@ def build(name: str, sparsity: float, matmul: str):
     expected = {layer.name for layer in (layers[:-1] if spec.keep_output_dense else layers)}
     if pruned != expected:
         raise RuntimeError(f"{name}: pruned layers {sorted(pruned)}, expected {sorted(expected)}")
+    from conv_model_speed import sparse_form  # the runner's deployed form: kept layers plain Dense, no schedule
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", prune.ConversionWarning)
-        converted = prune.convert(masked, to="sparse", matmul=matmul)
-    kept = [layer.to_dense_layer() if isinstance(layer, SparseDense) and layer.name not in pruned else layer
-            for layer in converted.layers]  # the layers kept dense stay plain Dense (not PruneSparseFC)
-    for layer in kept:
-        if isinstance(layer, SparseDense):
-            layer.pruning_schedule = None  # a fixed structure: inference only
-    sparse = keras.Sequential([keras.Input((spec.inputs,)), *kept], name=f"{name}_sparse")
+        sparse = sparse_form(masked, matmul)  # so the layers kept dense do not become PruneSparseFC
     return prune.strip_pruning(masked), sparse, pruned
 
 
