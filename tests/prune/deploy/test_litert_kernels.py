@@ -33,6 +33,16 @@ from prune.native import litert as native_litert
 s = pytest.importorskip("ai_edge_litert.schema_py_generated")
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
+FORCED_OFF = not native.enabled()
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_delegate(request):
+    """Under ``PRUNE_NATIVE=0`` the delegate is refused by design: only the test of that refusal runs."""
+    if FORCED_OFF and request.node.name != "test_prune_native_0_refuses_the_delegate":
+        pytest.skip("PRUNE_NATIVE=0 turns prune's LiteRT delegate off")
+
+
 N_IN, HIDDEN, N_OUT = 37, 53, 11
 BATCHES = (1, 3, 8, 13)
 
