@@ -6,7 +6,8 @@ saved as:
 
 * ``keras_masked``, ``keras_sparse``: the ``.keras`` file of the masked model
   (weights and masks) and of its ``SparseDense`` form (the compact store:
-  float32 values, int32 CSR row pointers and columns);
+  float32 values, and int32 CSR row pointers and columns or a bitmap of the
+  mask, whichever is smaller: ``prune.layers.sparse.store_format``);
 * ``keras``, ``keras_gzip``: the stripped model's ``.keras`` file (dense
   kernels with zeros; what every form strips to) and that file gzipped (-9);
 * ``tflite``: :func:`prune.deploy.export.to_tflite` with ``sparsity=False``;

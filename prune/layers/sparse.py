@@ -102,7 +102,7 @@ from prune.core.patterns import Pattern, num_zeros
 from prune.core.targets import MaskTarget, iter_layers
 from prune.core.schedules import PruningSchedule
 
-__all__ = ["STORE_FORMAT", "SparseDense", "sparse_layers"]
+__all__ = ["BITMAP_FORMAT", "STORE_FORMAT", "SparseDense", "sparse_layers", "store_format"]
 
 
 def _make_dynamic(var: Any, value: Any) -> bool:
@@ -145,7 +145,24 @@ def _check_bias(bias: Any, n_out: int) -> None:
 
 
 STORE_FORMAT = 2
-"""The version of :meth:`SparseDense.save_own_variables`' compact store (1: Keras's own, every variable)."""
+"""The version of :meth:`SparseDense.save_own_variables`' compact store by CSR (``row_ptr``, ``cols``; 1: Keras's
+own, every variable)."""
+
+BITMAP_FORMAT = 3
+"""The version of the compact store by bitmap (``mask_bits``: one bit per cell of the weight matrix), written
+instead of :data:`STORE_FORMAT` when it is smaller (:func:`store_format`)."""
+
+
+def store_format(n_in: int, n_out: int, nnz: int) -> int:
+    """The compact store :meth:`SparseDense.save_own_variables` writes for a matrix of these sizes: the smaller one.
+
+    CSR (:data:`STORE_FORMAT`) takes ``4 * (n_in + 1 + nnz)`` bytes of structure, the bitmap
+    (:data:`BITMAP_FORMAT`) ``ceil(n_in * n_out / 8)``: the bitmap wins above a density of about 1/32 (below
+    about 97% sparsity), and an N:M structure costs it exactly ``m / n / 8`` bytes per entry (2 bits at 2:4,
+    where CSR costs 32). The values are stored alike in both.
+    """
+    bitmap = -(-int(n_in) * int(n_out) // 8)
+    return BITMAP_FORMAT if bitmap < 4 * (int(n_in) + 1 + int(nnz)) else STORE_FORMAT
 
 
 def _store_source(store: Any) -> str | None:
@@ -745,39 +762,66 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
 
     # -- serialisation ---------------------------------------------------------------
     def save_own_variables(self, store: Any) -> None:
-        """Write the layer's state to a Keras weights store in the compact format (:data:`STORE_FORMAT`).
+        """Write the layer's state to a Keras weights store in a compact format, the smaller of two (:func:`store_format`).
 
-        Only what the layer cannot derive is written: ``values`` (float32), the CSR row pointers ``row_ptr``
-        (int32, ``n_in + 1``) and column of each entry ``cols`` (int32), the bias and the step counter, plus
-        ``format``. That is 8 bytes per entry, against 56 in Keras's own format of every variable (int64
-        ``indices``, the transposes and the native structure), which :meth:`load_own_variables` still reads.
-        A layer whose dimensions or entry count int32 cannot hold is written in Keras's format.
+        Only what the layer cannot derive is written: ``values`` (float32 in row-major order), the structure,
+        the bias and the step counter, plus ``format``. The structure is either CSR (:data:`STORE_FORMAT`: row
+        pointers ``row_ptr``, int32, ``n_in + 1``, and the column of each entry, ``cols``, int32; 8 bytes per
+        entry with its value) or a bitmap (:data:`BITMAP_FORMAT`: ``mask_bits``, the row-major keep-mask of
+        the ``[n_in, n_out]`` matrix packed 8 cells to a byte, most significant bit first, as ``np.packbits``
+        does), whichever is smaller: 4 bytes and 2 bits per entry at 2:4, about 5.3 bytes at 90% sparsity.
+        Keras's own format of every variable (56 bytes per entry: int64 ``indices``, the transposes and the
+        native structure) is still read by :meth:`load_own_variables`. A layer whose dimensions or entry count
+        int32 cannot hold is written in Keras's format.
         """
         n_in, n_out = self.dense_shape
         idx = np.asarray(self.indices.numpy(), np.int64).reshape(-1, 2)
         if max(n_in, n_out, len(idx)) >= 2**31:
             keras.layers.Layer.save_own_variables(self, store)
             return
-        store["format"] = np.asarray([STORE_FORMAT], np.int32)
+        version = store_format(n_in, n_out, len(idx))
+        store["format"] = np.asarray([version], np.int32)
         store["values"] = np.asarray(self.values.numpy())
-        store["row_ptr"] = np.searchsorted(idx[:, 0], np.arange(n_in + 1)).astype(np.int32)
-        store["cols"] = idx[:, 1].astype(np.int32)
+        if version == BITMAP_FORMAT:
+            keep = np.zeros(n_in * n_out, bool)
+            keep[idx[:, 0] * n_out + idx[:, 1]] = True
+            store["mask_bits"] = np.packbits(keep)
+        else:
+            store["row_ptr"] = np.searchsorted(idx[:, 0], np.arange(n_in + 1)).astype(np.int32)
+            store["cols"] = idx[:, 1].astype(np.int32)
         if self.use_bias:
             store["bias"] = np.asarray(self.bias.numpy())
         store["pruning_step"] = np.asarray(self.pruning_step.numpy())
 
     def _compact_given(self, store: Any, where: str) -> list[tuple[Any, Any, str]]:
-        """``(variable, array, label)`` from a compact store, with ``indices`` rebuilt from ``row_ptr``/``cols``."""
+        """``(variable, array, label)`` from a compact store, with ``indices`` rebuilt from its structure
+        (``row_ptr``/``cols``, or ``mask_bits``)."""
         keys = set(store.keys())
         version = np.asarray(store["format"]).reshape(-1)
-        if version.size != 1 or int(version[0]) != STORE_FORMAT:
-            raise ValueError(f"{where}: stored 'format' is {version.tolist()}, this version reads format {STORE_FORMAT} "
-                             "(or Keras's own, keys '0', '1', ...)")
-        expected = {"format", "values", "row_ptr", "cols", "pruning_step"} | ({"bias"} if self.use_bias else set())
+        if version.size != 1 or int(version[0]) not in (STORE_FORMAT, BITMAP_FORMAT):
+            raise ValueError(f"{where}: stored 'format' is {version.tolist()}, this version reads formats "
+                             f"{STORE_FORMAT} and {BITMAP_FORMAT} (or Keras's own, keys '0', '1', ...)")
+        structure = ("mask_bits",) if int(version[0]) == BITMAP_FORMAT else ("row_ptr", "cols")
+        expected = {"format", "values", *structure, "pruning_step"} | ({"bias"} if self.use_bias else set())
         if keys != expected:
             raise ValueError(f"{where}: the store has keys {sorted(keys)}, expected {sorted(expected)}")
+        n_in, n_out = self.dense_shape
+        if structure == ("mask_bits",):
+            indices = self._bitmap_indices(np.asarray(store["mask_bits"]), where)
+            label = "weight 'indices' (stored as 'mask_bits')"
+        else:
+            indices = self._csr_indices(np.asarray(store["row_ptr"]), np.asarray(store["cols"]), where)
+            label = "weight 'indices' (stored as 'row_ptr' and 'cols')"
+        given = [(self.values, store["values"], "weight 'values' (stored as 'values')"),
+                 (self.indices, indices, label),
+                 (self.pruning_step, store["pruning_step"], "weight 'pruning_step' (stored as 'pruning_step')")]
+        if self.use_bias:
+            given.append((self.bias, store["bias"], "weight 'bias' (stored as 'bias')"))
+        return given
+
+    def _csr_indices(self, row_ptr: np.ndarray, cols: np.ndarray, where: str) -> np.ndarray:
+        """``[nnz, 2]`` indices from stored CSR ``row_ptr``/``cols`` (columns are range-checked later, with the values)."""
         n_in = self.dense_shape[0]
-        row_ptr, cols = np.asarray(store["row_ptr"]), np.asarray(store["cols"])
         for name, arr in (("row_ptr", row_ptr), ("cols", cols)):
             if arr.ndim != 1 or arr.dtype.kind not in "iu":
                 raise ValueError(f"{where}: weight {name!r} must be a 1-D integer array, got shape {arr.shape}, dtype {arr.dtype}")
@@ -791,19 +835,29 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
                 f"row_ptr[{bad}] = {int(row_ptr[bad])}" + (f" after row_ptr[{bad - 1}] = {int(row_ptr[bad - 1])}" if bad else "")
             )
         rows = np.repeat(np.arange(n_in, dtype=np.int64), steps)
-        indices = np.stack([rows, cols.astype(np.int64)], axis=1) if len(cols) else np.zeros((0, 2), np.int64)
-        given = [(self.values, store["values"], "weight 'values' (stored as 'values')"),
-                 (self.indices, indices, "weight 'indices' (stored as 'row_ptr' and 'cols')"),
-                 (self.pruning_step, store["pruning_step"], "weight 'pruning_step' (stored as 'pruning_step')")]
-        if self.use_bias:
-            given.append((self.bias, store["bias"], "weight 'bias' (stored as 'bias')"))
-        return given
+        return np.stack([rows, cols.astype(np.int64)], axis=1) if len(cols) else np.zeros((0, 2), np.int64)
+
+    def _bitmap_indices(self, bits: np.ndarray, where: str) -> np.ndarray:
+        """``[nnz, 2]`` row-major indices from a stored ``mask_bits`` bitmap of the ``[n_in, n_out]`` matrix."""
+        n_in, n_out = self.dense_shape
+        cells = n_in * n_out
+        if bits.ndim != 1 or bits.dtype != np.uint8:
+            raise ValueError(f"{where}: weight 'mask_bits' must be a 1-D uint8 array, got shape {bits.shape}, dtype {bits.dtype}")
+        if len(bits) != -(-cells // 8):
+            raise ValueError(f"{where}: weight 'mask_bits' has {len(bits)} bytes, expected ceil(n_in * n_out / 8) = "
+                             f"{-(-cells // 8)} for dense_shape {(n_in, n_out)}")
+        keep = np.unpackbits(bits)
+        if keep[cells:].any():
+            raise ValueError(f"{where}: weight 'mask_bits' sets bits past the {cells} cells of dense_shape {(n_in, n_out)} "
+                             f"(in its last byte, {int(bits[-1])})")
+        flat = np.flatnonzero(keep[:cells]).astype(np.int64)
+        return np.stack([flat // n_out, flat % n_out], axis=1)
 
     def load_own_variables(self, store: Any) -> None:
         """Load the layer's variables from a Keras weights store (``.keras``/``.weights.h5`` loading), validated.
 
-        Two formats load: the compact one :meth:`save_own_variables` writes (``format``, ``values``, ``row_ptr``,
-        ``cols``, ``bias``, ``pruning_step``), and Keras's own of every variable (keys ``"0"``, ``"1"``, ...),
+        Three formats load: the compact ones :meth:`save_own_variables` writes (``format``, ``values``,
+        ``row_ptr`` and ``cols`` or ``mask_bits``, ``bias``, ``pruning_step``), and Keras's own of every variable (keys ``"0"``, ``"1"``, ...),
         which files saved before the compact format hold.
 
         The stored number of entries may differ from the placeholder built

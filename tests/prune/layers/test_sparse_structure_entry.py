@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from prune import native
 from prune.layers import kernels
+from prune.layers import sparse as sparse_module
 from prune.layers.sparse import SparseDense
 
 N_IN, N_OUT = 5, 4
@@ -399,11 +400,81 @@ def test_low_precision_weights_pass_the_checks(tmp_path, dtype):
 # -- the compact store (values, CSR row pointers, int32 columns) ----------------------------------------------------------
 
 
+def _set(key, value):
+    def edit(s):
+        s[key] = np.asarray(value, dtype=s[key].dtype if key in s else None)
+    return edit
+
+
+@pytest.fixture
+def csr_format(monkeypatch):
+    """Saves write the CSR store (format 2), which a 5 x 4 layer, smaller as a bitmap, would not otherwise get."""
+    monkeypatch.setattr(sparse_module, "store_format", lambda n_in, n_out, nnz: sparse_module.STORE_FORMAT)
+
+
 def _compact_keras(tmp_path, edit):
     """A .keras file in the compact format with ``edit`` applied to the layer's stored arrays."""
     return _tampered_keras(tmp_path, edit, matmul="csr", keys=None)
 
 
+@pytest.mark.parametrize("n_in, n_out, nnz, expected", [
+    (5, 4, 5, 3),  # bitmap 3 bytes, CSR 44
+    (1024, 1024, 512 * 1024, 3),  # 2:4: bitmap 131,072 bytes, CSR 2,101,252
+    (1024, 1024, 31_742, 2),  # CSR 4 * (1025 + 31,742) = 131,068 bytes, under the bitmap's 131,072
+    (1024, 1024, 31_743, 2),  # CSR 131,072: a tie keeps CSR
+    (1024, 1024, 31_744, 3),  # CSR 131,076
+])
+def test_the_store_format_is_the_smaller_one(n_in, n_out, nnz, expected):
+    assert sparse_module.store_format(n_in, n_out, nnz) == expected
+
+
+def test_the_bitmap_store_holds_values_and_the_packed_mask(tmp_path):
+    seen = {}
+    _compact_keras(tmp_path, seen.update)
+    assert sorted(seen) == ["bias", "format", "mask_bits", "pruning_step", "values"]
+    np.testing.assert_array_equal(seen["format"], [3])
+    # the 5 x 4 mask row-major: cells 1, 4, 7, 10, 16 -> bits 0100 1001 0010 0000 1000 (then 4 zero bits)
+    np.testing.assert_array_equal(seen["mask_bits"], [0b01001001, 0b00100000, 0b10000000])
+    assert seen["mask_bits"].dtype == np.uint8
+    loaded = keras.models.load_model(tmp_path / "model.keras").layers[0]
+    np.testing.assert_array_equal(loaded.indices.numpy(), INDICES)
+    np.testing.assert_array_equal(loaded.values.numpy(), VALUES)
+    np.testing.assert_array_equal(loaded.native_structure.numpy(), native.structure(INDICES, N_IN, N_OUT))
+
+
+def test_a_2_to_4_layer_file_holds_its_values_and_2_bits_of_structure_per_entry(tmp_path):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((512, 256)).astype(np.float32)
+    keep = np.zeros((128, 4, 256), bool)  # 2 of every 4 consecutive inputs of each output
+    order = np.argsort(rng.random((128, 4, 256)), axis=1)
+    np.put_along_axis(keep, order[:, :2], True, axis=1)
+    layer = SparseDense.from_dense(w, keep.reshape(512, 256))
+    model = keras.Sequential([keras.Input((512,)), layer])
+    model.save(tmp_path / "m.keras")
+    with zipfile.ZipFile(tmp_path / "m.keras") as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
+        group = f["layers/sparse_dense/vars"]
+        assert group["mask_bits"].size == 512 * 256 // 8 and group["values"].size == layer.nnz == 512 * 128
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    np.testing.assert_array_equal(keras.models.load_model(tmp_path / "m.keras")(x).numpy(), model(x).numpy())
+
+
+BITMAP_ERRORS = {
+    "short": (_set("mask_bits", [0b01001001, 0b00100000]), r"weight 'mask_bits' has 2 bytes, expected ceil\(n_in \* n_out / 8\) = 3 for dense_shape \(5, 4\)"),
+    "bits_past_the_end": (_set("mask_bits", [0b01001001, 0b00100000, 0b10000001]), r"weight 'mask_bits' sets bits past the 20 cells of dense_shape \(5, 4\) \(in its last byte, 129\)"),
+    "not_bytes": (lambda s: s.update(mask_bits=s["mask_bits"].astype(np.int32)), r"weight 'mask_bits' must be a 1-D uint8 array, got shape \(3,\), dtype int32"),
+    "one_entry_more": (_set("mask_bits", [0b11001001, 0b00100000, 0b10000000]), r"weight 'values' \(stored as 'values'\) must have shape \[nnz\] matching weight 'indices' \(stored as 'mask_bits'\): weight 'indices' \(stored as 'mask_bits'\) has 6 entries"),
+    "with_row_pointers": (lambda s: s.update(row_ptr=np.zeros(6, np.int32)), r"the store has keys \['bias', 'format', 'mask_bits', 'pruning_step', 'row_ptr', 'values'\], expected \['bias', 'format', 'mask_bits', 'pruning_step', 'values'\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BITMAP_ERRORS))
+def test_a_tampered_bitmap_file_is_refused_naming_the_stored_array(tmp_path, case):
+    edit, match = BITMAP_ERRORS[case]
+    with pytest.raises(ValueError, match=r"loading SparseDense layer 'sd'[^\n]*: " + match):
+        keras.models.load_model(_compact_keras(tmp_path, edit))
+
+
+@pytest.mark.usefixtures("csr_format")
 def test_the_compact_store_holds_values_row_pointers_and_int32_columns(tmp_path):
     seen = {}
     _compact_keras(tmp_path, seen.update)
@@ -435,12 +506,6 @@ def test_a_90_percent_layer_file_is_at_most_9_bytes_per_entry_and_a_quarter_of_d
     np.testing.assert_array_equal(keras.models.load_model(tmp_path / "s.keras")(x).numpy(), sparse(x).numpy())
 
 
-def _set(key, value):
-    def edit(s):
-        s[key] = np.asarray(value, dtype=s[key].dtype if key in s else None)
-    return edit
-
-
 COMPACT_ERRORS = {
     "row_ptr_falls": (_set("row_ptr", [0, 3, 1, 4, 4, 5]), r"weight 'row_ptr' must rise from 0 to len\(cols\) = 5; row_ptr\[2\] = 1 after row_ptr\[1\] = 3"),
     "row_ptr_short": (_set("row_ptr", [0, 1, 3, 5]), r"weight 'row_ptr' has 4 entries, expected n_in \+ 1 = 6"),
@@ -448,11 +513,12 @@ COMPACT_ERRORS = {
     "cols_unsorted": (_set("cols", [1, 3, 0, 2, 0]), r"weight 'indices' \(stored as 'row_ptr' and 'cols'\) entry \[1, 0\] \(position 2\) follows \[1, 3\] \(position 1\)"),
     "cols_out_of_range": (_set("cols", [1, 0, 4, 2, 0]), r"weight 'indices' \(stored as 'row_ptr' and 'cols'\) entry \[1, 4\] is out of range for dense_shape \(5, 4\), at position 2"),
     "values_short": (lambda s: s.update(values=s["values"][:4]), r"weight 'values' \(stored as 'values'\) must have shape \[nnz\] matching weight 'indices'"),
-    "format": (_set("format", [3]), r"stored 'format' is \[3\], this version reads format 2"),
+    "format": (_set("format", [4]), r"stored 'format' is \[4\], this version reads formats 2 and 3"),
     "missing_bias": (lambda s: s.pop("bias"), r"the store has keys \['cols', 'format', 'pruning_step', 'row_ptr', 'values'\], expected \['bias', "),
 }
 
 
+@pytest.mark.usefixtures("csr_format")
 @pytest.mark.parametrize("case", sorted(COMPACT_ERRORS))
 def test_a_tampered_compact_file_is_refused_naming_the_stored_array(tmp_path, case):
     edit, match = COMPACT_ERRORS[case]
