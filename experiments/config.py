@@ -52,6 +52,8 @@ Example sweep file::
     learning_rate = 0.001
     epochs = 2
     batch_size = 64
+    # lr_decay = "cosine"    # constant (default) | cosine | step
+    # weight_decay = 1e-4    # decoupled; 0 (default) for none
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ __all__ = [
     "DATASETS",
     "SCHEDULES",
     "OPTIMIZERS",
+    "LR_DECAYS",
     "MATMULS",
     "PATTERNS",
     "CRITERIA",
@@ -105,6 +108,7 @@ DATASETS = axes.DATASETS.names()
 SCHEDULES = axes.SCHEDULE_KINDS.names()
 METHODS = axes.METHODS.names()
 OPTIMIZERS = ("sgd", "momentum", "adam")
+LR_DECAYS = ("constant", "cosine", "step")
 MATMULS = ("coo", "csr", "native", "auto")
 UNITS = ("epochs", "steps")
 OUTPUT_LAYERS = ("pruned", "dense")
@@ -310,15 +314,26 @@ class TrainingConfig:
 
     Attributes:
         optimizer: ``adam``, ``sgd`` or ``momentum`` (SGD with momentum 0.9).
-        learning_rate: Step size (> 0).
+        learning_rate: Step size (> 0); the initial one when ``lr_decay`` decays it.
         epochs: Passes over the training set (>= 1).
         batch_size: Examples per step (>= 1).
+        lr_decay: How the step size falls over the run's steps (:data:`LR_DECAYS`): ``constant`` (the default:
+            no decay), ``cosine`` (to 0 at the last step; Loshchilov and Hutter, "SGDR: Stochastic Gradient
+            Descent with Warm Restarts", ICLR 2017, without restarts) or ``step`` (x0.1 after half and again
+            after three quarters of the steps, the step schedule of Evci et al.'s RigL experiments in shape).
+            One IMP level is one run of the schedule.
+        weight_decay: Decoupled weight decay (Loshchilov and Hutter, "Decoupled Weight Decay Regularization",
+            ICLR 2019), Keras's ``weight_decay`` optimizer argument: each step shrinks every trainable weight
+            by ``learning_rate * weight_decay`` of itself. ``0`` (default) for none. Pruned weights stay at
+            exactly zero under it (a zero shrinks to zero).
     """
 
     optimizer: str = "adam"
     learning_rate: float = 1e-3
     epochs: int = 2
     batch_size: int = 64
+    lr_decay: str = "constant"
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         _choice("optimizer", self.optimizer, OPTIMIZERS, "optimizer")
@@ -326,6 +341,11 @@ class TrainingConfig:
             raise ConfigError("learning_rate", f"must be a finite number > 0, got {self.learning_rate!r}")
         _range("epochs", self.epochs, 1, 10_000)
         _range("batch_size", self.batch_size, 1, 1_000_000)
+        _choice("lr_decay", self.lr_decay, LR_DECAYS, "learning-rate decay")
+        if isinstance(self.weight_decay, bool) or not (
+            isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1 and math.isfinite(self.weight_decay)
+        ):
+            raise ConfigError("weight_decay", f"must be a number in [0, 1), got {self.weight_decay!r}")
 
 
 @dataclasses.dataclass(frozen=True)

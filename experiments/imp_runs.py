@@ -188,8 +188,10 @@ def _fit(run: RunConfig, data: Data, log: Callable[[str], None]) -> Callable[...
     """``fit`` for :func:`prune.training.imp.train_levels`: :func:`experiments.train.train`, the run's optimizer and data order."""
     import keras
 
+    spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
+
     def fit(model: Any, level: int, variant: str, callbacks: list[Any]) -> Any:
-        model.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model.compile(make_optimizer(run.training, keras, spe), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         status = "ok"
         try:
             r = train(model, data, run, keras, callbacks, log)
@@ -242,7 +244,8 @@ def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], No
     from prune.training import lottery
 
     _check(run, params)
-    total_steps = run.training.epochs * steps_per_epoch(len(data.x_train), run.training.batch_size)
+    spe = steps_per_epoch(len(data.x_train), run.training.batch_size)
+    total_steps = run.training.epochs * spe
     if params.rewind_step > total_steps:
         raise ValueError(f"rewind_step must be at most the {total_steps} steps of level-0 training, got {params.rewind_step}")
     run_dir = Path(run_dir)
@@ -268,7 +271,7 @@ def train_imp(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], No
     values, masks = store.state(done.level, "ticket")
     model, positions = _masked_model(run, data)
     lottery.rewind(model, values, masks)
-    model.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(make_optimizer(run.training, keras, spe), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     result = TrainResult(_curves(done.record), list(t["step_times"]), t["fit_seconds"], t["eval_seconds"], t["final"], model)
     out = measure_keras3(
         result, model, prune.strip_pruning(model), positions, "pruned", data.x_test, run_dir / "checkpoint.weights.h5"

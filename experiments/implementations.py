@@ -210,7 +210,7 @@ def train_keras3(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str],
     if impl.process != "keras3":
         raise ValueError(f"implementation {impl.name!r} does not run in a Keras 3 process")
     model = resolve(impl.build)(run, data, plain, spe) if impl.build else plain
-    model.compile(make_optimizer(run.training, keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(make_optimizer(run.training, keras, spe), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     callbacks: list[Any] = []
     finish: Callable[[], None] | None = None
     if impl.prunes:

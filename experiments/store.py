@@ -97,6 +97,8 @@ CONFIG_COLUMNS = [
     "learning_rate",
     "epochs",
     "batch_size",
+    "lr_decay",
+    "weight_decay",
 ]
 METRIC_COLUMNS = [
     "status",
@@ -196,6 +198,8 @@ def config_columns(run: RunConfig, sweep: str) -> dict[str, Any]:
         learning_rate=run.training.learning_rate,
         epochs=run.training.epochs,
         batch_size=run.training.batch_size,
+        lr_decay=run.training.lr_decay,
+        weight_decay=run.training.weight_decay,
     )
 
 

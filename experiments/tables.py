@@ -75,7 +75,7 @@ _INT = ("seed", "epochs", "batch_size", "nnz", "size", "timed_steps", "schedule_
 _FLOAT = ("target_sparsity", "learning_rate", "schedule_begin", "schedule_end", "test_accuracy", "test_loss",
           "train_accuracy", "train_loss", "sparsity", "dense_flops", "nonzero_flops", "model_bytes", "checkpoint_bytes",
           "step_time_ms", "latency_b1_ms", "latency_b256_ms", "peak_rss_mb", "startup_seconds", "fit_seconds",
-          "eval_seconds", "total_seconds", "overhead_seconds", "val_accuracy", "val_loss")
+          "eval_seconds", "total_seconds", "overhead_seconds", "val_accuracy", "val_loss", "weight_decay")
 RUN_SCHEMA: dict[str, Column] = {
     **{c: Column("int") for c in _INT},
     **{c: Column("float") for c in _FLOAT},
@@ -86,10 +86,12 @@ RUN_SCHEMA: dict[str, Column] = {
     "seed": Column("int", True),
 }
 """Types of the runs.csv columns; a column not listed is a string that may be empty."""
-OPTIONAL_RUN_COLUMNS = {"native_kernel": "", "native_flags": "", "val_accuracy": "", "val_loss": "", "output_layer": ""}
+OPTIONAL_RUN_COLUMNS = {"native_kernel": "", "native_flags": "", "val_accuracy": "", "val_loss": "", "output_layer": "",
+                        "lr_decay": "", "weight_decay": ""}
 """Columns the runner may write (``sparse_tensor`` runs: which kernel ran, with which build flags; runs with a
-validation split: its final accuracy and loss; ``output_layer``, empty before it existed: ``pruned``); a table
-without them is complete, and gets them empty."""
+validation split: its final accuracy and loss; ``output_layer``, empty before it existed: ``pruned``; ``lr_decay``
+and ``weight_decay``, empty before they existed: ``constant`` and 0); a table without them is complete, and gets
+them empty."""
 RUN_STATUSES = ("ok", "diverged", "failed")
 FIGURE_RUN_COLUMNS = ["run_id", "implementation", "matmul", "target_sparsity", "seed", "status", "test_accuracy"]
 """The columns ``figures`` needs in a runs.csv it did not get from this runner (a hand-made table)."""

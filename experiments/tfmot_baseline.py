@@ -62,7 +62,7 @@ def train_tfmot(run: RunConfig, data: Data, run_dir: Path, log: Callable[[str], 
     )
 
     def compile_model(m: Any) -> None:
-        m.compile(make_optimizer(run.training, tf_keras), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        m.compile(make_optimizer(run.training, tf_keras, spe), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     compile_model(model)
     result = train(model, data, run, tf_keras, [tfmot.sparsity.keras.UpdatePruningStep()], log)

@@ -47,6 +47,7 @@ __all__ = [
     "DIVERGENCE_FACTOR",
     "WARMUP_STEPS",
     "TrainResult",
+    "learning_rate",
     "make_optimizer",
     "train",
     "latency_ms",
@@ -90,13 +91,41 @@ def _nonfinite_weight(model: Any) -> str | None:
     return None
 
 
-def make_optimizer(config: TrainingConfig, keras: Any) -> Any:
-    """The optimizer named in ``config``, from the given Keras module."""
+def learning_rate(config: TrainingConfig, keras: Any, steps_per_epoch: int) -> Any:
+    """The step size of ``config``: a float, or a Keras schedule over ``epochs * steps_per_epoch`` steps.
+
+    ``cosine``: ``keras.optimizers.schedules.CosineDecay`` to 0 at the last step. ``step``:
+    ``PiecewiseConstantDecay``, the initial rate, then x0.1 from step ``total // 2`` and x0.01 from ``3 * total // 4``.
+    """
+    lr = float(config.learning_rate)
+    total = int(config.epochs) * int(steps_per_epoch)
+    if config.lr_decay == "cosine":
+        return keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(total, 1))
+    if config.lr_decay == "step":
+        return keras.optimizers.schedules.PiecewiseConstantDecay([total // 2, 3 * total // 4], [lr, lr * 0.1, lr * 0.01])
+    return lr
+
+
+def make_optimizer(config: TrainingConfig, keras: Any, steps_per_epoch: int | None = None) -> Any:
+    """The optimizer named in ``config``, from the given Keras module (Keras 3, or tf_keras for tfmot).
+
+    Args:
+        config: The training settings (optimizer, step size and its decay, weight decay).
+        keras: The Keras module the model belongs to.
+        steps_per_epoch: Steps in one epoch; needed when ``config.lr_decay`` decays the step size.
+
+    Raises:
+        ValueError: a decaying step size without ``steps_per_epoch``.
+    """
+    if config.lr_decay != "constant" and not steps_per_epoch:
+        raise ValueError(f"lr_decay={config.lr_decay!r} needs steps_per_epoch (a positive int), got {steps_per_epoch!r}")
+    lr = learning_rate(config, keras, steps_per_epoch or 1)
+    extra = {"weight_decay": float(config.weight_decay)} if config.weight_decay else {}
     if config.optimizer == "adam":
-        return keras.optimizers.Adam(config.learning_rate)
+        return keras.optimizers.Adam(lr, **extra)
     if config.optimizer == "momentum":
-        return keras.optimizers.SGD(config.learning_rate, momentum=0.9)
-    return keras.optimizers.SGD(config.learning_rate)
+        return keras.optimizers.SGD(lr, momentum=0.9, **extra)
+    return keras.optimizers.SGD(lr, **extra)
 
 
 @dataclasses.dataclass
