@@ -37,6 +37,8 @@ SERIALIZABLE = (
     "prune.layers.masked",
     "prune.layers.sparse",
     "prune.layers.sparse_conv",
+    "prune.layers.sparse_einsum",
+    "prune.layers.sparse_attention",
     "prune.layers.frozen",
     "prune.layers.masked_more",
     "prune.layers.blocks",

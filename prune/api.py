@@ -135,8 +135,9 @@ def _to_masked(layer: Any, params: dict[str, Any], kwargs: dict[str, Any] | None
 
 def _to_plain(layer: Any) -> Any:
     from prune.layers.sparse import SparseDense  # deferred: its kernels are not needed to prune
+    from prune.layers.sparse_attention import SparseMultiHeadAttention
 
-    if isinstance(layer, SparseDense):
+    if isinstance(layer, (SparseDense, SparseMultiHeadAttention)):
         return layer.to_dense_layer()
     if not is_masked_layer(layer):
         return layer
@@ -528,7 +529,9 @@ def strip_pruning(model: Any) -> Any:
     """Replace masked layers by the plain Keras layers, with the zeros in place.
 
     ``SparseDense`` layers become plain ``Dense`` layers holding their zeros
-    (:meth:`prune.layers.SparseDense.to_dense_layer`). The result has no
+    (:meth:`prune.layers.SparseDense.to_dense_layer`; ``SparseConv2D``,
+    ``SparseEinsumDense`` and ``SparseMultiHeadAttention`` become ``Conv2D``,
+    ``EinsumDense`` and ``MultiHeadAttention``). The result has no
     masks, counters or ``prune`` classes, loads without custom objects and
     converts to TFLite (:func:`prune.deploy.export.to_tflite`).
 

@@ -189,6 +189,8 @@ class Update:
         inputs: For one-shot methods (``kind = "oneshot"``), the statistics of the weight's inputs on the
             calibration data (:class:`prune.algorithms.oneshot.InputStatistics`); there ``weight`` and ``keep``
             are the 2-D view ``[d_in, d_out]``. ``None`` elsewhere.
+        pattern_shape: The shape a pattern selects on (:attr:`prune.core.targets.MaskTarget.pattern_shape`;
+            ``None``: the weight's own).
     """
 
     key: str
@@ -200,6 +202,7 @@ class Update:
     slots: Mapping[str, np.ndarray] = field(default_factory=dict)
     layer: str = ""
     inputs: Any = None
+    pattern_shape: tuple[int, ...] | None = None
 
 
 class Planned(NamedTuple):

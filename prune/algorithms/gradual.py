@@ -78,7 +78,10 @@ class GradualPruning(MaskAlgorithm):
             scores = {u.key: self.criterion_scores(u.params.criterion, u, seed=u.params.seed, step=step) for u in group}
             if dist.configured:
                 sparsity = _dist.configured_target(sparsity)  # ERK: 0.9, not the schedule's float32 0.8999999762
-            keep.update(dist.select(scores, sparsity, {u.key: u.keep for u in group}, pattern))
+            seen = {u.key: u.pattern_shape or u.keep.shape for u in group}  # the shapes the pattern selects on
+            chosen = dist.select({k: np.reshape(v, seen[k]) for k, v in scores.items()}, sparsity,
+                                 {u.key: np.reshape(u.keep, seen[u.key]) for u in group}, pattern)
+            keep.update({u.key: np.reshape(chosen[u.key], u.keep.shape) for u in group})
             for u in group:
                 if u.keep.any() and not keep[u.key].any():
                     warnings.warn(

@@ -53,8 +53,8 @@ def applications(layer: Any, weight: str) -> float:
     convolution's input positions: each input position meets every kernel
     entry once); an RNN's timesteps, for its kernel and its recurrent kernel;
     for ``MultiHeadAttention``, the query's or the key's or value's length,
-    by projection; for ``EinsumDense``, the input's axes the kernel does not
-    have; 0 for an embedding lookup (NaN for a ``ReversibleEmbedding``, which
+    by projection; for ``EinsumDense`` and ``SparseEinsumDense``, the input's
+    axes the kernel does not have; 0 for an embedding lookup (NaN for a ``ReversibleEmbedding``, which
     may also run as an output projection). NaN when a needed size is
     unknown or the layer is of another kind: unknown, not wrong.
     """
@@ -77,8 +77,14 @@ def applications(layer: Any, weight: str) -> float:
     input_shape = config.get("input_shape")
     if input_shape is None:
         return float("nan")
-    if "EinsumDense" in names:
-        return _einsum_applications(str(getattr(layer, "equation", "")), tuple(input_shape))
+    if names & {"EinsumDense", "SparseEinsumDense"}:
+        count = _einsum_applications(str(getattr(layer, "equation", "")), tuple(input_shape))
+        if np.isnan(count):
+            try:  # the tensor it was called on: a layer built before its other sizes were known
+                count = _einsum_applications(str(getattr(layer, "equation", "")), tuple(layer.input.shape))
+            except Exception:  # noqa: BLE001 - not called in a functional graph (or called several times)
+                pass
+        return count
     if names & _TRANSPOSED:
         return _spatial(layer, input_shape)
     if names & _SLIDING:

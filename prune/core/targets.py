@@ -55,6 +55,11 @@ class MaskTarget:
         dense_pass: ``() -> context manager`` yielding a tensor whose gradient,
             in a forward pass run inside the context, is the dense gradient
             with respect to ``weight * mask`` (pruned entries included).
+        pattern_shape: The shape patterns select on, the weight read row-major
+            (``None``: the weight's own). An ``EinsumDense`` kernel gives its
+            ``[d_in, d_out]`` matrix (:func:`prune.layers.einsum_form.matrix_shape`),
+            so that ``NByM``'s groups run along its inputs and ``Block`` tiles
+            the matrix, as for a ``Dense`` kernel.
     """
 
     key: str
@@ -65,6 +70,7 @@ class MaskTarget:
     to_dense: Callable[[np.ndarray], np.ndarray] = np.asarray
     stores_dense: bool = True
     dense_pass: Callable[[], ContextManager[Any]] | None = None
+    pattern_shape: tuple[int, ...] | None = None
     _values: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     def _read(self) -> tuple[np.ndarray, np.ndarray]:

@@ -204,8 +204,10 @@ def _with_prune_ops(content: bytes, model: Any) -> bytes:
     from prune.layers.sparse import sparse_layers
     from prune.native.litert import OP_NAME
 
-    # SparseConv2D layers (a SparseDense subclass) stay CONV_2D: PruneSparseFC is a fully-connected operator
-    layers = [layer for layer in sparse_layers(model) if type(layer).__name__ != "SparseConv2D" and layer.nnz > 0]
+    # SparseConv2D layers (a SparseDense subclass) stay CONV_2D: PruneSparseFC is a fully-connected operator;
+    # SparseEinsumDense layers (another) stay the converter's own operators for their einsum (not translated yet)
+    layers = [layer for layer in sparse_layers(model)
+              if type(layer).__name__ not in ("SparseConv2D", "SparseEinsumDense") and layer.nnz > 0]
     # the weight FULLY_CONNECTED holds: W^T, [n_out, n_in], float32, exactly the layer's dense weight (+0.0 where
     # absent); layers with the same weight share the key (their operators compute the same)
     wanted: dict[tuple[tuple[int, ...], bytes], list[Any]] = {}

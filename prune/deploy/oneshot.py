@@ -160,17 +160,15 @@ class _View:
 
 
 def _einsum_d_in(owner: Any, shape: tuple[int, ...], where: str) -> int:
-    """``d_in`` of an ``EinsumDense`` whose contracted axes are its input's last and its kernel's first."""
+    """``d_in`` of an ``EinsumDense`` kernel's matrix (:func:`prune.layers.einsum_form.matrix_shape`)."""
+    from prune.layers.einsum_form import matrix_shape
+
     equation = str(getattr(owner, "equation", ""))
-    m = re.fullmatch(r"([a-z]+),([a-z]+)->([a-z]+)", equation.replace(" ", "").replace("...", ""))
-    if m is None:
-        raise ValueError(f"{where}: EinsumDense equation {equation!r} has no one-shot view")
-    x, k, y = m.groups()
-    contracted = "".join(c for c in k if c in x and c not in y)
-    if not contracted or not x.endswith(contracted) or not k.startswith(contracted) or any(c in x for c in k[len(contracted):]):
+    matrix = matrix_shape(equation, shape)
+    if matrix is None:
         raise ValueError(f"{where}: EinsumDense equation {equation!r} does not contract the input's last axes with "
                          "the kernel's first; it has no one-shot view")
-    return int(np.prod(shape[:len(contracted)]))
+    return matrix[0]
 
 
 def _patches(layer: Any, x: Any, d_in: int) -> np.ndarray:

@@ -30,7 +30,8 @@ def sparsity_report(model: Any) -> pd.DataFrame:
             a kind the report cannot count (the weights of an unsupported
             layer such as ``ConvLSTM1D``).
         dense_bytes: bytes of the weight stored densely.
-        status: ``"pruned"`` (has a mask), ``"sparse"`` (a ``SparseDense``) or
+        status: ``"pruned"`` (has a mask), ``"sparse"`` (a ``SparseDense`` or one of its subclasses:
+            ``SparseConv2D``, ``SparseEinsumDense``, each of ``SparseMultiHeadAttention``'s projections) or
             ``"dense (unsupported)"``.
     """
     units = [
@@ -47,11 +48,11 @@ def sparsity_report(model: Any) -> pd.DataFrame:
 
 
 def _sparse_row(layer: Any) -> dict[str, Any]:
-    """A SparseDense (or SparseConv2D) weight: stored entries are its indices; nnz counts nonzero stored values."""
+    """A SparseDense (or subclass) weight: stored entries are its indices; nnz counts nonzero stored values."""
     n_in, n_out = (int(d) for d in layer.dense_shape)
     values = np.asarray(layer.values.numpy())
     nnz = int(np.count_nonzero(values))
-    size = n_in * n_out  # the weight's size: a SparseConv2D's kernel is the [kh * kw * C_in, C_out] matrix
+    size = n_in * n_out  # the weight's size: a SparseConv2D's or SparseEinsumDense's kernel read as a matrix
     positions = applications(layer, "kernel")
     return dict(
         layer=layer.name,

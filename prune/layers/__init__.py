@@ -11,7 +11,9 @@
   twins (``MaskedDense``, ``MaskedConv2D``, ..., ``PruneLowMagnitude``) and
   their mixin :class:`~prune.layers.masked.PrunableLayer`;
   :mod:`prune.layers.sparse`: ``SparseDense``; :mod:`prune.layers.sparse_conv`:
-  ``SparseConv2D`` (its subclass over the patch matrix); :mod:`prune.layers.frozen`:
+  ``SparseConv2D`` (its subclass over the patch matrix); :mod:`prune.layers.sparse_einsum`: ``SparseEinsumDense``
+  (its subclass over an ``EinsumDense`` kernel read as a matrix); :mod:`prune.layers.sparse_attention`:
+  ``SparseMultiHeadAttention`` (Keras's attention over four of them); :mod:`prune.layers.frozen`:
   ``PartiallyFrozenEmbedding``.
 
 Every registered kind is an attribute of this package, loaded on first use

@@ -108,7 +108,12 @@ class PrunableLayer(ScheduledLayer):
             setattr(self, f"{name}_mask", mask)  # a plain attribute: tf.train.Checkpoint tracks it by name
         self.add_step_counter()
         for name in self.prunable_weight_names:
-            self.pattern.check(tuple(self._weight(name).shape), f"{self.name}.{name}")
+            self.pattern.check(self.pattern_shape(name) or tuple(self._weight(name).shape), f"{self.name}.{name}")
+
+    def pattern_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape patterns select weight ``name`` in (:attr:`prune.core.targets.MaskTarget.pattern_shape`):
+        ``None`` here, the weight's own; a layer whose weight is a matrix read another way gives that matrix."""
+        return None
 
     def _weight(self, name: str) -> Any:
         private = private_weight(self, name)  # Dense/Embedding keep the variable in _kernel/_embeddings
@@ -149,6 +154,7 @@ class PrunableLayer(ScheduledLayer):
                         weight, mask_var, keep, optimizer
                     ),
                     dense_pass=lambda weight=weight, mask_var=mask_var: _unmasked(weight, mask_var),
+                    pattern_shape=self.pattern_shape(name),
                 )
             )
         return out

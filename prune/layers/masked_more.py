@@ -39,6 +39,7 @@ import keras
 from keras import ops
 
 from prune.layers.masked import RNN_CELLS, PrunableLayer, _MaskedConvMixin, _reject_lora_and_quantization, rnn_cells
+from prune.layers.einsum_form import matrix_shape
 from prune.layers.kinds import register_layer
 
 __all__ = [
@@ -159,6 +160,12 @@ class MaskedMultiHeadAttention(PrunableLayer, _SwapMasked, _MHABuild):
         "output_kernel": ("_output_dense", "_kernel"),
     }
 
+    def pattern_shape(self, name: str) -> tuple[int, ...] | None:
+        """The projection's kernel as its ``[d_in, d_out]`` matrix (:func:`prune.layers.einsum_form.matrix_shape`),
+        so that ``NByM``'s groups run along the inputs of the projection (``d``, not the heads)."""
+        owner = getattr(self, self._slots[name][0])
+        return matrix_shape(owner.equation, tuple(self._variable(name).shape))
+
     query_kernel = property(lambda self: self._variable("query_kernel"))
     key_kernel = property(lambda self: self._variable("key_kernel"))
     value_kernel = property(lambda self: self._variable("value_kernel"))
@@ -207,6 +214,12 @@ class MaskedEinsumDense(PrunableLayer, keras.layers.EinsumDense):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _reject_lora_and_quantization(self)
+
+    def pattern_shape(self, name: str) -> tuple[int, ...] | None:
+        """The kernel as its ``[d_in, d_out]`` matrix when the equation is a matrix product in order
+        (:func:`prune.layers.einsum_form.matrix_shape`), so that ``NByM``'s groups run along its inputs; else
+        ``None`` (the kernel's own shape)."""
+        return matrix_shape(self.equation, tuple(self.kernel.shape))
 
     def call(self, inputs: Any, training: Any = None) -> Any:
         self.advance_step(training)

@@ -76,7 +76,8 @@ def _has_prunable(layer: Any) -> bool:
     stack = [layer]
     while stack:
         current = stack.pop()
-        if is_masked_layer(current) or masked_class_for(current) is not None or is_custom_prunable(current):
+        if (is_masked_layer(current) or masked_class_for(current) is not None or is_custom_prunable(current)
+                or keeps_step(current)):  # keeps_step: a sparse layer inside (SparseMultiHeadAttention's projections)
             return True
         stack.extend(_children(current))
     return False
@@ -86,8 +87,8 @@ def unsupported(model: Any) -> list[tuple[Any, list[Any]]]:
     """``(layer, weights)`` for each outermost layer that stays dense for lack of a masked class.
 
     A layer with sublayers (an LSTM and its cell, a custom block) counts as one
-    unit unless something inside it is prunable, in which case it is a
-    container and is searched further. Only matrix-like (>= 2-D) trainable
+    unit unless something inside it is prunable or sparse (``SparseMultiHeadAttention``'s
+    projections), in which case it is a container and is searched further. Only matrix-like (>= 2-D) trainable
     weights count: biases and normalisation scales are not pruning targets.
     """
     out: list[tuple[Any, list[Any]]] = []

@@ -350,7 +350,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             name="transpose_indices", shape=(len(idx), 2), initializer="zeros", dtype="int64", trainable=False
         )
         self.bias = (
-            self.add_weight(name="bias", shape=(self.units,), initializer=self.bias_initializer, trainable=True)
+            self.add_weight(name="bias", shape=self._bias_shape(), initializer=self.bias_initializer, trainable=True)
             if self.use_bias
             else None
         )
@@ -361,6 +361,16 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             dtype="int32", trainable=False,
         )
         self._set_structure(idx, vals)
+
+    def _bias_shape(self) -> tuple[int, ...]:
+        """The bias's shape, called in :meth:`build` after :meth:`_matrix_rows`: ``(units,)`` here (a subclass whose
+        bias broadcasts over more output axes, ``SparseEinsumDense``'s, gives its own)."""
+        return (self.units,)
+
+    def _pattern_shape(self) -> tuple[int, ...] | None:
+        """The shape patterns select the weight in (:attr:`prune.core.targets.MaskTarget.pattern_shape`): ``None``,
+        :attr:`weight_shape` itself, here and in ``SparseConv2D`` (``NByM`` along ``C_in``, as ``MaskedConv2D``)."""
+        return None
 
     def _matrix_rows(self, input_shape: Any) -> int:
         """The weight matrix's ``n_in`` for ``input_shape`` (a subclass maps its weight onto a matrix here)."""
@@ -503,11 +513,16 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             bias_initializer=self.bias_initializer,
             kernel_initializer=self.kernel_initializer,
         )
-        dense.build((None, self.dense_shape[0]))
-        dense.kernel.assign(self.to_dense())
+        return self._filled(dense, (None, self.dense_shape[0]))
+
+    def _filled(self, layer: Any, input_shape: tuple) -> Any:
+        """``layer`` (an unbuilt plain Keras twin of this one) built for ``input_shape``, holding this weight
+        (+0.0 where absent) as its ``kernel`` and this bias: what :meth:`to_dense_layer` returns."""
+        layer.build(input_shape)
+        layer.kernel.assign(self.to_dense())
         if self.bias is not None:
-            dense.bias.assign(self.bias.numpy())
-        return dense
+            layer.bias.assign(self.bias.numpy())
+        return layer
 
     def get_mask(self) -> np.ndarray:
         """The structure as a dense bool array of :attr:`weight_shape`."""
@@ -625,6 +640,7 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
                 writer=self.restructure,
                 to_dense=to_dense,
                 stores_dense=False,
+                pattern_shape=self._pattern_shape(),
                 dense_pass=self._dense_pass,
             )
         ]

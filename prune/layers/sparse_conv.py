@@ -481,11 +481,7 @@ class SparseConv2D(SparseDense):
             bias_initializer=self.bias_initializer,
             kernel_initializer=self.kernel_initializer,
         )
-        conv.build(self._build_input_shape())
-        conv.kernel.assign(self.to_dense())
-        if self.bias is not None:
-            conv.bias.assign(self.bias.numpy())
-        return conv
+        return self._filled(conv, self._build_input_shape())
 
     def _build_input_shape(self) -> tuple:
         """The input shape the layer was built with (so that a converted layer keeps the spatial sizes it knew)."""

@@ -151,7 +151,8 @@ def _update(entry: PruningEntry, step: int, gradients: Mapping[str, Any] | None,
     slots = {}
     if "slots" in get_criterion(entry.criterion).needs:
         slots = {s.path: entry.to_dense(np.asarray(s.numpy())) for s in slots_for(optimizer, entry.variable)}
-    return Update(entry.key, weight, entry.keep, grad, params=entry.params, slots=slots, layer=entry.layer.name)
+    return Update(entry.key, weight, entry.keep, grad, params=entry.params, slots=slots, layer=entry.layer.name,
+                  pattern_shape=entry.target.pattern_shape)
 
 
 def update_masks(

@@ -118,21 +118,34 @@ def test_oneshot_prunes_every_projection_and_feed_forward_kernel_of_a_gpt2(metho
     assert np.isfinite(pruned.predict(_tokens(2), verbose=0)).all()
 
 
-def test_a_pruned_gpt2_converts_its_dense_kernels_to_sparse_and_names_the_rest(trained):
+def test_a_pruned_gpt2_converts_its_kernels_to_sparse_and_names_the_embeddings(trained):
     """``convert(to="sparse")``: the head and every feed-forward kernel inside the decoder blocks run as
-    ``SparseDense`` with the same outputs; the attention projections (``EinsumDense``: no sparse form yet, issue 36)
-    and the embeddings stay masked and are named; the pruned model keeps its own layers."""
+    ``SparseDense``, the attention projections of KerasHub's ``CachedMultiHeadAttention`` (its four ``EinsumDense``
+    layers, pruned as ``MaskedEinsumDense`` each) as ``SparseEinsumDense`` keeping their masks, with the same
+    outputs; the token embedding (a ``MaskedReversibleEmbedding``: no sparse form) stays masked and is named; the
+    pruned model keeps its own layers."""
     _, _, pruned, _ = trained
     x = _tokens(4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sparse = prune.convert(pruned, to="sparse")
-    kinds = {layer.name: type(layer).__name__ for layer in iter_layers(sparse)}
-    converted = sorted(layer.name for layer in iter_layers(sparse) if type(layer).__name__ == "SparseDense")
-    assert converted == ["feedforward_intermediate_dense"] * 2 + ["feedforward_output_dense"] * 2 + ["head"]
-    assert kinds["query"] == "MaskedEinsumDense"
+    by_kind: dict[str, list[str]] = {}
+    for layer in iter_layers(sparse):
+        by_kind.setdefault(type(layer).__name__, []).append(layer.name)
+    feedforward = ["feedforward_intermediate_dense"] * 2 + ["feedforward_output_dense"] * 2
+    assert sorted(by_kind["SparseDense"]) == feedforward + ["head"]
+    assert sorted(by_kind["SparseEinsumDense"]) == sorted(["query", "key", "value", "attention_output"] * 2)
+    assert "MaskedEinsumDense" not in by_kind and "MaskedDense" not in by_kind
+    masked = [layer.weight_and_mask("kernel")[1].numpy() != 0 for layer in iter_layers(pruned)
+              if type(layer).__name__ == "MaskedEinsumDense"]  # both walks visit the blocks in the same order
+    stored = [layer.get_mask() for layer in iter_layers(sparse) if type(layer).__name__ == "SparseEinsumDense"]
+    assert len(stored) == len(masked) == 8
+    for mask, expected in zip(stored, masked):
+        np.testing.assert_array_equal(mask, expected)
+        assert mask.mean() == 0.5
     left = [str(w.message) for w in caught if "left" in str(w.message) and "unconverted" in str(w.message)]
-    assert len(left) == 1 and all(name in left[0] for name in ("query", "attention_output", "token_embedding"))
+    assert left == ["convert(to='sparse') left 1 layer(s) unconverted: ['token_embedding']"]
     np.testing.assert_allclose(sparse.predict(x, verbose=0), pruned.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
     assert {type(layer).__name__ for layer in iter_layers(pruned) if "feedforward" in layer.name and
             "dense" in layer.name} == {"MaskedDense"}
+    assert {type(layer).__name__ for layer in iter_layers(pruned) if layer.name == "query"} == {"MaskedEinsumDense"}
