@@ -26,9 +26,10 @@ into place and recorded (size and SHA-256) so that :func:`prune.native.verify`
 checks it before every load, as for the TensorFlow op library. A failed build
 raises, naming the compiler's first error and the log file with its output (no ``.failed`` marker: the next call retries).
 
-Threads: a layer whose ``nnz x rows`` reaches 32768 is split across the
-interpreter's threads (``Interpreter(num_threads=N)``), or across the
-delegate's own ``num_threads`` option when given::
+Threads: a layer whose work (``nnz`` x passes over the entries: its rows, or on the tile path
+its groups of 8 rows) reaches 32768 is split across the interpreter's threads
+(``Interpreter(num_threads=N)``), or across the delegate's own ``num_threads``
+option when given::
 
     from ai_edge_litert.interpreter import Interpreter, load_delegate
     delegate = load_delegate(str(delegate_path()), delegate_options(num_threads=2))
@@ -47,8 +48,8 @@ from pathlib import Path
 
 from prune import native
 
-__all__ = ["OP_NAME", "SOURCE", "HEADERS", "FLAGS", "delegate_path", "delegate_vector_path", "delegate_options",
-           "build_attempts", "build_command"]
+__all__ = ["OP_NAME", "SOURCE", "HEADERS", "FLAGS", "KERNELS", "delegate_path", "delegate_vector_path",
+           "delegate_options", "build_attempts", "build_command"]
 
 OP_NAME = "PruneSparseFC"
 """Custom name of the sparse fully-connected operator the delegate claims."""
@@ -96,20 +97,33 @@ def build_command(compiler: str, output: str | os.PathLike[str], extra: tuple[st
             str(output)]
 
 
-def delegate_options(num_threads: int | None = None, parallel_min_work: int | None = None) -> dict[str, str]:
+KERNELS = ("auto", "gather", "dot", "scatter", "tile")
+"""The kernel's paths (the delegate's ``kernel`` option; see the C file's header): ``auto`` picks per step and call."""
+
+
+def delegate_options(num_threads: int | None = None, parallel_min_work: int | None = None,
+                     kernel: str | None = None) -> dict[str, str]:
     """Options for ``load_delegate(str(delegate_path()), options)``.
 
     Args:
         num_threads: Threads for a large layer (1 to 64); ``None`` uses the interpreter's
             (``Interpreter(num_threads=N)``; 1 when it sets none).
-        parallel_min_work: ``nnz x rows`` from which a layer is split across the threads (the kernel's default:
+        parallel_min_work: The work (``nnz`` x passes: rows, or groups of 8 rows on the tile path) from which a
+            layer is split across the threads (the kernel's default:
             32768; 0 splits every layer, which only tests want).
+        kernel: One of :data:`KERNELS`: the path every step takes (``None``/``"auto"``: the tile path from 2 rows,
+            at 1 row the faster of the scalar dot and vector-gather paths, or the scatter path when enough inputs
+            are zero). Forcing one is for tests and measurements.
     """
     options = {}
     if num_threads is not None:
         options["num_threads"] = str(int(num_threads))
     if parallel_min_work is not None:
         options["parallel_min_work"] = str(int(parallel_min_work))
+    if kernel is not None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
+        options["kernel"] = kernel
     return options
 
 

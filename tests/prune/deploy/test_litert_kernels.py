@@ -10,7 +10,11 @@ TFLite C ABI (``prune/native/litert_abi.h``).
 The kernel's vector path (AVX-512, AVX2 or scalar: whichever the build's flags
 give) is checked at every tail length of its blocks, batches 1-13, one and two
 threads (the pool, chunking, ``recommended_num_threads`` and the delegate's
-``num_threads``/``parallel_min_work`` options). To cover the other paths on an
+``num_threads``/``parallel_min_work`` options). Each of the kernel's paths
+(tile, dot, gather, scatter, forced with the delegate's ``kernel`` option, and
+auto's own choice) is checked against a float64 reference at batches 1-33
+(partly and wholly filled tiles of 8 and 16 rows), each activation, with and
+without bias, on inputs with zero features, with and without the thread pool. To cover the other paths on an
 AVX-512 machine, run this file with ``PRUNE_NATIVE_CXXFLAGS=-march=x86-64-v3``
 (AVX2) or ``-march=x86-64-v2`` (scalar) and a separate ``PRUNE_NATIVE_CACHE``.
 """
@@ -259,8 +263,10 @@ def test_a_failed_build_names_the_compiler_output(monkeypatch, tmp_path):
     assert not list((tmp_path / "cache").glob("*.so"))
 
 
-def _hand_made(keep_num_dims: int, shape: tuple[int, ...], w_t: np.ndarray, activation: int = 0) -> bytes:
-    """A flatbuffer with one PruneSparseFC operator (no bias) on an input of ``shape``, written by hand."""
+def _hand_made(keep_num_dims: int, shape: tuple[int, ...], w_t: np.ndarray, activation: int = 0,
+               bias: np.ndarray | None = None) -> bytes:
+    """A flatbuffer with one PruneSparseFC operator (with ``bias``, else none) on an input of ``shape``, written by
+    hand."""
     import flatbuffers
 
     n_out = w_t.shape[0]
@@ -279,7 +285,9 @@ def _hand_made(keep_num_dims: int, shape: tuple[int, ...], w_t: np.ndarray, acti
     for name, dims, kind, data in (("x", list(shape), s.TensorType.FLOAT32, None), ("y", out_shape, s.TensorType.FLOAT32, None),
                                    ("values", [arrays[0].size], s.TensorType.FLOAT32, arrays[0]),
                                    ("cols", [arrays[1].size], s.TensorType.INT32, arrays[1]),
-                                   ("row_ptr", [arrays[2].size], s.TensorType.INT32, arrays[2])):
+                                   ("row_ptr", [arrays[2].size], s.TensorType.INT32, arrays[2]),
+                                   *((("bias", [n_out], s.TensorType.FLOAT32, bias.astype(np.float32)),)
+                                     if bias is not None else ())):
         t = s.TensorT()
         t.name, t.shape, t.type, t.buffer = name, dims, kind, 0
         if data is not None:
@@ -289,7 +297,7 @@ def _hand_made(keep_num_dims: int, shape: tuple[int, ...], w_t: np.ndarray, acti
             t.buffer = len(m.buffers) - 1
         graph.tensors.append(t)
     op = s.OperatorT()
-    op.opcodeIndex, op.inputs, op.outputs = 0, [0, 2, 3, 4, -1], [1]
+    op.opcodeIndex, op.inputs, op.outputs = 0, [0, 2, 3, 4, 5 if bias is not None else -1], [1]
     op.customOptions, op.customOptionsFormat = [1, activation, keep_num_dims, 0], s.CustomOptionsFormat.FLEXBUFFERS
     graph.operators, graph.inputs, graph.outputs = [op], [0], [1]
     m.subgraphs = [graph]
@@ -320,6 +328,15 @@ def test_unknown_custom_options_are_refused():
 
 TAIL_NNZ = (0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 65)  # entries per output row: empty, tails of 16 and 8 lanes, 2 x 16
 KERNEL_BATCHES = (1, 2, 3, 4, 5, 8, 13)
+
+
+def _last_path() -> str:
+    """The path the last step run took ("gather", "dot", "scatter" or "tile"), from the loaded delegate library."""
+    import ctypes
+
+    fn = ctypes.CDLL(str(native_litert.delegate_path())).prune_litert_delegate_last_path
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 def _counters() -> tuple[int, int]:
@@ -434,10 +451,11 @@ def test_threads_option_overrides_the_interpreter_and_small_steps_stay_on_one_th
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"bogus": "1"}, r"unknown option 'bogus' \(known: num_threads, parallel_min_work\)"),
+    ({"bogus": "1"}, r"unknown option 'bogus' \(known: num_threads, parallel_min_work, kernel\)"),
     ({"num_threads": "two"}, r"option num_threads must be an integer in \[0, 64\], got 'two'"),
     ({"num_threads": "65"}, r"option num_threads must be an integer in \[0, 64\], got '65'"),
     ({"parallel_min_work": "-1"}, r"option parallel_min_work must be an integer in \[0, \d+\], got '-1'"),
+    ({"kernel": "fast"}, r"option kernel must be one of auto, gather, dot, scatter, tile, got 'fast'"),
 ])
 def test_bad_delegate_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
@@ -496,3 +514,116 @@ def test_a_forked_child_runs_on_one_thread_instead_of_waiting_for_the_parents_po
         time.sleep(0.02)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     np.testing.assert_array_equal(_invoke(interpreter, x), want)  # the parent's pool still runs
+
+
+# ---- the kernel's paths: gather, dot, scatter, tile (auto picks per step and call) ------------------------------
+
+KERNELS = ("auto", "gather", "dot", "scatter", "tile")
+PATH_BATCHES = (1, 3, 4, 5, 8, 16, 17, 33)  # tiles: 8 lanes, 16 lanes, 16 + 8 padded, 16 + 16 + 8 padded
+BATCH1_PATHS = ("gather", "dot", "scatter")  # auto at batch 1 (scatter when enough inputs are zero)
+
+
+def _odd_layer(n_in: int = 83, seed: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """W^T [37 + the TAIL_NNZ rows, n_in] at ~70% sparsity with the tail rows of :func:`_tails` (empty rows
+    included), and a bias; odd n_in and n_out."""
+    rng = np.random.default_rng(seed)
+    w_t = (rng.normal(size=(37, n_in)) * (rng.random((37, n_in)) < 0.3)).astype(np.float32)
+    tails = np.zeros((len(TAIL_NNZ) * 2, n_in), np.float32)
+    tails[:, :80] = _tails()
+    return np.concatenate([w_t, tails]), rng.normal(size=37 + len(TAIL_NNZ) * 2).astype(np.float32)
+
+
+def _reference(x: np.ndarray, w_t: np.ndarray, bias: np.ndarray, activation: int) -> np.ndarray:
+    y = x.astype(np.float64) @ w_t.T.astype(np.float64) + bias
+    return {0: y, 1: np.maximum(y, 0), 3: np.clip(y, 0, 6)}[activation]
+
+
+def _with_zeros(rng, batch: int, n_in: int) -> np.ndarray:
+    """Inputs with zero features: ~half of each row zero (as after a ReLU), a zero column, and an all-zero row."""
+    x = rng.normal(size=(batch, n_in)).astype(np.float32)
+    x[rng.random((batch, n_in)) < 0.5] = 0.0
+    x[:, 5] = 0.0
+    if batch > 2:
+        x[2] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_path_equals_a_float64_reference(kernel, threads):
+    """Every path, forced with the delegate's kernel option (auto: its own choice), at batches that fill 1, 2 and 3
+    tiles partly or wholly, each activation, bias or none, inputs with and without zero features; one and two threads
+    (parallel_min_work=0: every step splits)."""
+    w_t, bias = _odd_layer()
+    rng = np.random.default_rng(21)
+    for activation in (0, 1, 3):
+        for with_bias in (True, False):
+            b = bias * 3 if with_bias else np.zeros_like(bias)  # x3: relu6 clips at 6 on some outputs
+            content = _hand_made(0, (1, w_t.shape[1]), w_t, activation=activation, bias=b if with_bias else None)
+            interpreter = _interpreter(content, num_threads=threads, parallel_min_work=0, kernel=kernel)
+            before, _ = _counters()
+            for batch in PATH_BATCHES:
+                for zeros in (False, True):
+                    x = (_with_zeros(rng, batch, w_t.shape[1]) if zeros else
+                         rng.normal(size=(batch, w_t.shape[1])).astype(np.float32) * 2)
+                    y = _invoke(interpreter, x)
+                    what = f"{kernel}, batch {batch}, activation {activation}, bias {with_bias}, zeros {zeros}"
+                    np.testing.assert_allclose(y, _reference(x, w_t, b, activation), rtol=1e-5, atol=1e-5,
+                                               err_msg=what)
+                    path = _last_path()
+                    if kernel != "auto":
+                        assert path == kernel, what
+                    else:
+                        assert path == "tile" if batch >= 2 else path in BATCH1_PATHS, (what, path)
+            runs, last = _counters()
+            assert runs - before == (2 * len(PATH_BATCHES) if threads == 2 else 0) and last == threads
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_path_on_a_large_layer_with_and_without_the_pool(kernel):
+    """1024 -> 512 at 50% with bias and relu (Keras's output as reference): at the default threshold each step is
+    split across the interpreter's two threads (nnz x passes >= 32768), and with num_threads=1 it is not."""
+    model = _wide_layer()
+    content = export.to_tflite(model, kernels="prune")
+    rng = np.random.default_rng(22)
+    for threads in (2, 1):
+        interpreter = _interpreter(content, threads=2, num_threads=threads, kernel=kernel)
+        before, _ = _counters()
+        for batch in (1, 2, 8, 17):
+            x = rng.normal(size=(batch, 1024)).astype(np.float32)
+            if batch == 1:  # a ReLU-like input: auto may take the scatter path
+                x[0, rng.random(1024) < 0.6] = 0.0
+            y = _invoke(interpreter, x)
+            np.testing.assert_allclose(y, model(x).numpy(), rtol=1e-5, atol=1e-5, err_msg=f"{kernel} batch {batch}")
+            assert (y == 0).any() and (y > 0).any()
+            assert _last_path() == kernel if kernel != "auto" else (_last_path() == "tile") == (batch >= 2)
+        runs, last = _counters()
+        assert runs - before == (4 if threads == 2 else 0) and last == threads, (kernel, threads)
+
+
+def test_scatter_on_an_all_zero_input_gives_the_activated_bias():
+    w_t, bias = _odd_layer()
+    for activation in (0, 1, 3):
+        content = _hand_made(0, (1, w_t.shape[1]), w_t, activation=activation, bias=bias * 4)
+        for kernel in ("scatter", "auto"):
+            x = np.zeros((1, w_t.shape[1]), np.float32)
+            y = _invoke(_interpreter(content, kernel=kernel), x)
+            want = {0: bias * 4, 1: np.maximum(bias * 4, 0), 3: np.clip(bias * 4, 0, 6)}[activation]
+            np.testing.assert_allclose(y[0], want, rtol=1e-6, atol=1e-6)
+            if kernel == "auto":
+                assert _last_path() == "scatter"  # no entry to read: scatter costs nothing
+
+
+def test_the_tile_paths_work_counts_tiles_not_rows():
+    """A step of 8 rows takes one pass over its entries on the tile path: with nnz < 32768 <= nnz x 8 it stays on
+    the caller (the gather path, 8 passes, splits)."""
+    rng = np.random.default_rng(23)
+    w_t = (rng.normal(size=(64, 512)) * (rng.random((64, 512)) < 0.25)).astype(np.float32)
+    nnz = np.count_nonzero(w_t)
+    assert nnz < 32768 <= nnz * 8
+    content = _hand_made(0, (8, 512), w_t)
+    x = rng.normal(size=(8, 512)).astype(np.float32)
+    for kernel, threads in (("auto", 1), ("tile", 1), ("gather", 2)):
+        y = _invoke(_interpreter(content, threads=2, kernel=kernel), x)
+        np.testing.assert_allclose(y, _reference(x, w_t, np.zeros(64), 0), rtol=1e-5, atol=1e-5)
+        assert _counters()[1] == threads, kernel
