@@ -131,6 +131,10 @@ _COST = {
     # general kernels' cost per term (forward 0.46-0.55x at 1024x1024, 1x16 tiles, batch 256, 80-90%,
     # AVX-512; results/benchmarks/block_speed.csv)
     "native_block": (400_000.0, 1.5, 0.014, 0.0, 0.0),
+    # the native ops on a structure with an N:M section (prune/native/nm_ops.h; 2:4 and 4:8 at 512x2048 and
+    # 2048x512, 2 threads, interleaved medians taken under load): forward 1.1-1.2x dense's time at 4-64 rows
+    # (the N:M kernel), 0.75-0.8x from 256 rows (the panel kernel); input gradient 0.75-0.87x dense at 256 rows
+    "native_nm": (400_000.0, 1.5, 0.011, 0.0, 0.0),
 }
 # Values gradient: dense rule = one BLAS product + gather_nd; sampled rule = two
 # gathers and a multiply-reduce per (entry, batch) term.
@@ -140,6 +144,8 @@ _GRAD_COST = {
     "sampled": (50_000.0, 18.0, 1.2, 0.0, 0.0),
     "native": (20_000.0, 0.5, 0.05, 0.0, 0.0),
     "native_block": (20_000.0, 0.5, 0.03, 0.0, 0.0),  # training step 0.6x the general kernels' there
+    # N:M values gradient (nm_ops.h): 0.5-0.6x the general kernel's time, 0.85-1.0x dense x^T dy at 256 rows
+    "native_nm": (20_000.0, 0.5, 0.028, 0.0, 0.0),
 }
 
 
@@ -520,6 +526,7 @@ def sparse_matmul(
     values_grad: str = "auto",
     structure: Any = None,
     blocked: bool = False,
+    nm: bool = False,
 ) -> tf.Tensor:
     """``x @ W`` with ``W = SparseTensor(indices, values, dense_shape)``, differentiable in ``x`` and ``values``.
 
@@ -541,6 +548,8 @@ def sparse_matmul(
             native kernels run.
         blocked: Whether ``structure`` has a block section (the native ops then run
             their block kernels); ``"auto"``'s cost model prices ``"native"`` accordingly.
+        nm: Whether ``structure`` has an N:M section (:func:`prune.native.has_nm_section`; the native
+            forward then runs its N:M kernel); ``"auto"`` prices ``"native"`` as ``"native_nm"``.
 
     Returns:
         ``[batch, n_out]`` tensor.
@@ -595,6 +604,9 @@ def sparse_matmul(
     if lib is not None and blocked:
         cost = {**_COST, "native": _COST["native_block"]}
         grad_cost = {**_GRAD_COST, "native": _GRAD_COST["native_block"]}
+    elif lib is not None and nm:
+        cost = {**_COST, "native": _COST["native_nm"]}
+        grad_cost = {**_GRAD_COST, "native": _GRAD_COST["native_nm"]}
 
     @tf.custom_gradient
     def _op(x: tf.Tensor, values: tf.Tensor) -> Any:

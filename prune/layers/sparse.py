@@ -461,10 +461,14 @@ class SparseDense(ScheduledLayer, keras.layers.Layer):
             transpose_indices=self.transpose_indices.value,
             structure=self.native_structure.value,
             blocked=self._blocked(),
+            nm=native.has_nm_section(int(self.native_structure.shape[0]), int(self.values.shape[0]), *self.dense_shape),
         )
 
     def _blocked(self) -> bool:
-        """Whether ``native_structure`` has a block section (:func:`prune.native.has_block_section`), from its length."""
+        """Whether ``native_structure`` has a block section (:func:`prune.native.has_block_section`), from its length.
+
+        (Whether it has an N:M section instead: :func:`prune.native.has_nm_section`, from the same length.)
+        """
         return native.has_block_section(int(self.native_structure.shape[0]), int(self.values.shape[0]), *self.dense_shape)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:

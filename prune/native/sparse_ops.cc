@@ -22,10 +22,14 @@
 //       forward as a row gather over W^T through tperm (AVX-512 gathers), the layout scipy's
 //       product walks: 105k/48k/9.8k cycles per op at 90/95/99% on Zen 4 against the
 //       scatter's 67k/34k/8.9k, so the scatter stays; 6 ignores a panel section (the tiled
-//       kernel over W^T after the value gather, as before panels).
-//   PruneSddmm(x, dy, values, structure; n_in, n_out)
+//       kernel over W^T after the value gather, as before panels); 7 ignores an N:M section
+//       (the general kernels on an N:M structure); 8 / 9 run the N:M kernel with 8 batch rows x
+//       2 output vectors / 4 x 2 per pass instead of 4 x 4 (the design's alternatives, nm_ops.h);
+//       2 on the N:M path returns after its value gathers.
+//   PruneSddmm(x, dy, values, structure; n_in, n_out, profile)
 //       dv[k] = sum_b x[b, i_k] * dy[b, j_k] for the k-th stored entry (i_k, j_k):
 //       the values gradient (a sampled dense-dense product), no [nnz, batch] temporary.
+//       profile (benchmark only): 7 ignores an N:M section (the general kernel).
 //   PruneConv2d(x, values, structure; n_in, n_out, kernel_size, strides, dilations, padding)
 //       y = conv2d(x, kernel) for an NHWC x and the kernel's patch matrix W [kh * kw * C, n_out]
 //       (prune.SparseConv2D): the forward tiles over output positions, each tile's patches formed
@@ -60,6 +64,32 @@
 // panel of 128 inputs, then by output, which the forward op's batch tiles read when they
 // outnumber the threads (PanelTile), so that each panel's part of the transposed input tile
 // stays in L1 while its entries are added.
+//
+// An N:M structure (prune.NByM: at most n stored entries of every output in every group of m
+// consecutive inputs; 2:4, 1:4, 4:8, 2:8, 1:8) whose padded slots are at least 90% filled carries an
+// N:M section (kNmMagic, nm_ops.h; no block section then, and a panel section may follow): per
+// block of 64 outputs, group and slot, each output's input code (one byte) and value position.
+// The forward op runs the N:M kernel on it from batch 2 until the panel kernel takes over (more
+// panel tiles than threads): output units in the vector lanes, each block's values gathered (and
+// every code and slot range-checked) by the unit that multiplies them, then per group the m
+// inputs of 4 batch rows broadcast into registers and each output lane's input picked by its code
+// with an in-register permute (VPERMILPS for m = 4, VPERMPS for m = 8 on AVX-512 and AVX2; scalar
+// picks on 4-lane builds) before one FMA: 4 rows x 4 vectors of accumulators, no column loads, no
+// row pointers, n and m compile-time. Measured (2 threads, interleaved medians, taken under load
+// from other jobs: load average 3-4 on the 2 cores, so +-30%), 2:4 / 4:8 at 512x2048 and 2048x512:
+// the N:M kernel against the general kernels (profile 7) and TF's tf.matmul on the dense W:
+//   rows 4:   0.45-1.1 ms vs 0.81-1.3 (general) vs 0.36-0.71 (dense)
+//   rows 16:  0.74-0.93     vs 0.94-1.34          vs 0.61-0.83
+//   rows 64:  1.76-2.21     vs 2.04-2.56          vs 1.52-1.60
+// one thread (process CPU time), 256 rows: N:M 5.7-6.1 ms, general with panels 4.1-5.6, dense 5.2-6.3;
+// 2048 rows: 41-43, 28.4-29.5, 40.7-41.4. The permute + FMA pair costs about 2 cycles per 16
+// multiply-adds on Zen 4 (VPERMILPS measured no faster than VPERMPS), so from 256 rows the panel
+// kernel (buffer rows in L1, one load per FMA) wins and runs; at batch 1 the general scatter does
+// (0.40-0.42 against 0.45-0.59 ms). The values gradient (PruneSddmm) has an N:M kernel too (the same
+// lanes and picks, the batch rows as the reduction; nm_ops.h): 2 threads, 256 rows, 2:4 and 4:8 at
+// 512x2048 and 2048x512: 5.5-6.1 ms against 10.0-10.9 for the general kernel and 6.1-7.7 for TF's
+// dense x^T @ dy alone; 16 rows 0.91-1.05 against 2.8-6.6 and 0.92-1.17. The input gradient runs the
+// general kernel over W's rows (2:4, 256 rows: 6.0-6.4 ms against 7.3-8.0 for dy @ W^T dense).
 //
 // Work runs on the op's intra-op thread pool. The small-batch paths cut the work into
 // units of about 32k multiply-adds (kSmallUnit; a smaller op runs on the calling thread)
@@ -845,6 +875,7 @@ Status CheckEntries(OpKernelContext* ctx, const Csr& m, int64_t nnz, const char*
 }
 
 #include "block_ops.h"
+#include "nm_ops.h"
 
 Status UnpackPanels(const int32_t* s, int64_t len, int64_t nnz, int64_t n_in, int64_t n_out, Panels* pn,
                     int64_t* used) {
@@ -868,9 +899,12 @@ Status UnpackPanels(const int32_t* s, int64_t len, int64_t nnz, int64_t n_in, in
 }
 
 // Reads the structure vector; checks its length and row pointers, and those of the sections that may follow
-// (a block section into *blocks, whose c stays 0 without one; a panel section into *panels, whose count stays 0).
+// (a block section into *blocks, whose c stays 0 without one; a panel section into *panels, whose count stays 0;
+// an N:M section into *nm_out, whose n stays 0, when given, else only checked for its header and length).
 Status Unpack(const Tensor& structure, int64_t nnz, int64_t n_in, int64_t n_out, Csr* w, Csr* wt, BlockCsr* blocks,
-              Panels* panels) {
+              Panels* panels, NmSection* nm_out = nullptr) {
+  NmSection nm_local;
+  NmSection* nm = nm_out != nullptr ? nm_out : &nm_local;
   const int64_t base = 3 * nnz + n_in + n_out + 2;
   if (structure.dims() != 1 || structure.dim_size(0) < base) {
     return errors::InvalidArgument("structure must have 3 * nnz + n_in + n_out + 2 = ", base,
@@ -885,9 +919,12 @@ Status Unpack(const Tensor& structure, int64_t nnz, int64_t n_in, int64_t n_out,
       TF_RETURN_IF_ERROR(UnpackBlocks(s + o, len - o, nnz, n_in, n_out, blocks, &used));
     } else if (s[o] == kPanelMagic && panels->count == 0) {
       TF_RETURN_IF_ERROR(UnpackPanels(s + o, len - o, nnz, n_in, n_out, panels, &used));
+    } else if (s[o] == kNmMagic && nm->n == 0) {
+      TF_RETURN_IF_ERROR(UnpackNm(s + o, len - o, n_in, n_out, nm, &used));
     } else {
       return errors::InvalidArgument("structure has a malformed section at entry ", o,
-                                     " (a block section, then a panel section, may follow the base parts)");
+                                     " (a block section, then a panel section, or an N:M section, may follow the base "
+                                     "parts)");
     }
     o += used;
   }
@@ -926,7 +963,8 @@ class PruneSpmmOp : public OpKernel {
     Csr w, wt;
     BlockCsr blocks;
     Panels panels;
-    OP_REQUIRES_OK(ctx, Unpack(ctx->input(2), nnz, n_in_, n_out_, &w, &wt, &blocks, &panels));
+    NmSection nm;
+    OP_REQUIRES_OK(ctx, Unpack(ctx->input(2), nnz, n_in_, n_out_, &w, &wt, &blocks, &panels, &nm));
     Tensor* y_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, n_y}), &y_t));
     float* y = y_t->flat<float>().data();
@@ -939,13 +977,15 @@ class PruneSpmmOp : public OpKernel {
     const float* values = values_t.flat<float>().data();
     // Both directions gather: dx = dy @ W^T along W's rows with the values as
     // stored; y = x @ W along W^T's rows with the values read through tperm.
-    enum { kBlocks, kInputGrad, kRowGather, kScatter, kTiledPerm, kTiledGathered } path;
+    enum { kBlocks, kNm, kInputGrad, kRowGather, kScatter, kTiledPerm, kTiledGathered } path;
     const int64_t tile_rows = TileVectors(n_in_, batch) * kLanes;
     // On panels: more tiles than threads, at the panels' own tile width (the L2 bound does not apply there).
     const int64_t panel_rows = TileVectors(n_in_, batch, true) * kLanes;
     const bool on_panels = !transpose_ && batch >= kLanes && profile_ != 6 && UsePanels(panels, panel_rows) &&
                            (batch + panel_rows - 1) / panel_rows > NumThreads(ctx);
     if (UseBlocks(blocks, batch) && profile_ != 4) path = kBlocks;  // a blocked structure (profile 4: general kernels)
+    // An N:M section: its kernel from 2 rows, up to the panels (measurements in the header above).
+    else if (nm.n != 0 && !transpose_ && profile_ != 7 && batch >= 2 && !on_panels) path = kNm;  // 7: general
     else if (transpose_) path = kInputGrad;
     else if (batch == 1 && profile_ == 5) path = kRowGather;
     else if (batch < kLanes) path = kScatter;
@@ -959,6 +999,12 @@ class PruneSpmmOp : public OpKernel {
     if (profile_ == 1) return;  // benchmark only: the checks and the output allocation (y left unwritten)
     Error err;  // the block kernels check their structure as they go
     switch (path) {
+      case kNm:  // checks every code and slot in its value gather, before the products
+        OP_REQUIRES(ctx,
+                    NmForward(ctx, x, batch, nm, n_in_, n_out_, values, nnz, y, profile_ == 2,
+                              profile_ >= 8 ? static_cast<int>(profile_) - 7 : 0),
+                    errors::InvalidArgument("structure's N:M section holds an out-of-range code or slot"));
+        break;
       case kBlocks:
         if (transpose_) {
           PRUNE_BLOCK_DISPATCH(blocks.c, BlockInputGrad, ctx, x, batch, blocks, values, nnz, y, &err)
@@ -1027,6 +1073,9 @@ class PruneSddmmOp : public OpKernel {
   explicit PruneSddmmOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_in", &n_in_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_out", &n_out_));
+    int64_t profile = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("profile", &profile));
+    nm_ = profile != 7;
     OP_REQUIRES(ctx, n_in_ < (int64_t{1} << 31) && n_out_ < (int64_t{1} << 31),
                 errors::InvalidArgument("n_in and n_out must be below 2^31, got ", n_in_, " and ", n_out_));
   }
@@ -1045,7 +1094,8 @@ class PruneSddmmOp : public OpKernel {
     Csr w, wt;
     BlockCsr blocks;
     Panels panels;  // not read by the values gradient
-    OP_REQUIRES_OK(ctx, Unpack(ctx->input(3), nnz, n_in, n_out, &w, &wt, &blocks, &panels));
+    NmSection nm;
+    OP_REQUIRES_OK(ctx, Unpack(ctx->input(3), nnz, n_in, n_out, &w, &wt, &blocks, &panels, &nm));
     Tensor* dv_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nnz}), &dv_t));
     float* dv = dv_t->flat<float>().data();
@@ -1061,6 +1111,11 @@ class PruneSddmmOp : public OpKernel {
     const int64_t units = std::min<int64_t>(2 * threads, std::max<int64_t>(1, nnz / 4096));
     const std::vector<int64_t> bounds = SplitRows(w.rp, n_in, units);
     const bool blocked = UseBlocks(blocks, batch);
+    if (!blocked && nm.n != 0 && nm_) {  // checks every code and slot of a block before its products
+      OP_REQUIRES(ctx, NmValuesGrad(ctx, x, dy, batch, n_in, n_out, nm, nnz, dv),
+                  errors::InvalidArgument("structure's N:M section holds an out-of-range code or slot"));
+      return;
+    }
     if (!blocked) OP_REQUIRES_OK(ctx, CheckEntries(ctx, w, nnz, "W's rows"));  // the loops below index unchecked
 
     if (blocked) {
@@ -1119,6 +1174,7 @@ class PruneSddmmOp : public OpKernel {
 
  private:
   int64_t n_in_, n_out_;
+  bool nm_;
 };
 
 
@@ -1377,6 +1433,7 @@ REGISTER_OP("PruneSddmm")
     .Input("structure: int32")
     .Attr("n_in: int >= 0")
     .Attr("n_out: int >= 0")
+    .Attr("profile: int = 0")
     .Output("dv: float")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(2));

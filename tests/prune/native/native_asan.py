@@ -36,6 +36,7 @@ SANITIZE = ("-fsanitize=address,undefined -fno-sanitize=null,nonnull-attribute,r
 
 TESTS = ["tests/prune/native/test_native_batches.py", "tests/prune/native/test_native.py", "tests/prune/native/test_native_blocks.py",
          "tests/prune/native/test_native_panels.py", "tests/prune/native/test_native_conv.py",
+         "tests/prune/native/test_native_nm.py",
          "tests/prune/deploy/test_litert_kernels.py"]  # the LiteRT delegate (C), built with the same flags
 # The subprocess tests of test_native.py (concurrent builds, thread counts, fallbacks) start interpreters of their own
 # without the runtime preloaded: they run in `make test`, not here.
@@ -47,7 +48,7 @@ from pathlib import Path
 import numpy as np
 from prune import native
 native.SOURCE = Path(sys.argv[1])
-native.HEADERS = (Path(sys.argv[1]).with_name("block_ops.h"),)
+native.HEADERS = (Path(sys.argv[1]).with_name("block_ops.h"), Path(sys.argv[1]).with_name("nm_ops.h"))
 lib = native.load()
 assert lib is not None, native.status().reason
 rng = np.random.default_rng(0)
@@ -117,7 +118,8 @@ def main() -> int:
     src = (ROOT / "prune/native/sparse_ops.cc").read_text()
     assert src.count(BUG[0]) == 1, "native_asan: the canary's mutation no longer applies; update BUG"
     (canary_dir / "sparse_ops.cc").write_text(src.replace(BUG[0], BUG[1]))
-    shutil.copy(ROOT / "prune/native/block_ops.h", canary_dir / "block_ops.h")
+    for header in ("block_ops.h", "nm_ops.h"):
+        shutil.copy(ROOT / "prune/native" / header, canary_dir / header)
     proc = subprocess.run([sys.executable, "-c", CANARY, str(canary_dir / "sparse_ops.cc")],
                           env=environment(root / "canary", SANITIZE, preload), cwd=ROOT, capture_output=True, text=True)
     caught = proc.returncode != 0 and "AddressSanitizer: heap-buffer-overflow" in proc.stderr

@@ -92,7 +92,7 @@ import pytest
 from prune import native
 code = pytest.main(["-q", "-p", "no:cacheprovider", "-n", "0", "tests/prune/native/test_native.py", "tests/prune/native/test_native_blocks.py",
                     "tests/prune/native/test_native_batches.py", "tests/prune/native/test_native_panels.py",
-                    "tests/prune/native/test_native_conv.py",
+                    "tests/prune/native/test_native_conv.py", "tests/prune/native/test_native_nm.py",
                     "-k", "matches_dense_reference or corrupt or path_is_the_one or block_ops or every_batch or fuzz "
                           "or fit_at_batch or panel"])
 st = native.status()
