@@ -175,6 +175,7 @@ def test_each_script_refuses_a_machine_kept_busy_before_any_work(tmp_path, busy_
         "conv_model_parts.py": ["--rounds", "1", "--out", str(tmp_path / "conv_model_parts.csv")],
         "deploy_speed.py": ["--models", "tiny", "--rounds", "1", "--out", str(tmp_path / "deploy_speed")],
         "transformer_speed.py": ["--models", "tiny", "--rounds", "1", "--out", str(tmp_path / "transformer_speed")],
+        "nm_parts.py": ["--shapes", "37x53", "--rounds", "1", "--out", str(tmp_path / "nm_parts")],
     }
     for script, args in calls.items():
         proc = run(script, *args, "--busy-threshold", "0.01", timeout=120)
