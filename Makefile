@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # The development install: the library with its extras (runner, tfmot baseline, tests), and the
-# matplotlib/Pillow versions that drew the committed figures (constraints/figures.txt).
+# matplotlib/Pillow/fontTools versions that drew the committed figures (constraints/figures.txt).
 $(STAMP): setup.cfg pyproject.toml constraints/figures.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

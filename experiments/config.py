@@ -71,34 +71,10 @@ from experiments.axis_registry import check_range as _range
 from experiments.axis_registry import choice as _choice
 
 __all__ = [
-    "ConfigError",
-    "DatasetConfig",
-    "ModelConfig",
-    "ImplementationConfig",
-    "ScheduleConfig",
-    "TrainingConfig",
-    "PatternConfig",
-    "MethodConfig",
-    "RunConfig",
-    "SweepConfig",
-    "IMPLEMENTATIONS",
-    "MODELS",
-    "DATASETS",
-    "SCHEDULES",
-    "OPTIMIZERS",
-    "LR_DECAYS",
-    "MATMULS",
-    "PATTERNS",
-    "CRITERIA",
-    "DISTRIBUTIONS",
-    "METHODS",
-    "axis_names",
-    "load_sweep",
-    "parse_sweep",
-    "from_dict",
-    "to_dict",
-    "canonical_json",
-    "config_hash",
+    "ConfigError", "DatasetConfig", "ModelConfig", "ImplementationConfig", "ScheduleConfig", "TrainingConfig",
+    "PatternConfig", "MethodConfig", "RunConfig", "SweepConfig", "IMPLEMENTATIONS", "MODELS", "DATASETS",
+    "SCHEDULES", "OPTIMIZERS", "LR_DECAYS", "MATMULS", "PATTERNS", "CRITERIA", "DISTRIBUTIONS", "METHODS",
+    "axis_names", "load_sweep", "parse_sweep", "from_dict", "to_dict", "canonical_json", "config_hash"
 ]
 
 # The registered names of each axis (the registries themselves are in experiments.axes).
@@ -317,15 +293,10 @@ class TrainingConfig:
         learning_rate: Step size (> 0); the initial one when ``lr_decay`` decays it.
         epochs: Passes over the training set (>= 1).
         batch_size: Examples per step (>= 1).
-        lr_decay: How the step size falls over the run's steps (:data:`LR_DECAYS`): ``constant`` (the default:
-            no decay), ``cosine`` (to 0 at the last step; Loshchilov and Hutter, "SGDR: Stochastic Gradient
-            Descent with Warm Restarts", ICLR 2017, without restarts) or ``step`` (x0.1 after half and again
-            after three quarters of the steps, the step schedule of Evci et al.'s RigL experiments in shape).
-            One IMP level is one run of the schedule.
-        weight_decay: Decoupled weight decay (Loshchilov and Hutter, "Decoupled Weight Decay Regularization",
-            ICLR 2019), Keras's ``weight_decay`` optimizer argument: each step shrinks every trainable weight
-            by ``learning_rate * weight_decay`` of itself. ``0`` (default) for none. Pruned weights stay at
-            exactly zero under it (a zero shrinks to zero).
+        lr_decay: The step size's decay over the run's steps (:data:`LR_DECAYS`, see
+            :func:`experiments.train.learning_rate`): ``constant`` (default), ``cosine`` or ``step``.
+        weight_decay: Decoupled weight decay (Loshchilov and Hutter, ICLR 2019), Keras's ``weight_decay``
+            optimizer argument; ``0`` (default) for none.
     """
 
     optimizer: str = "adam"
@@ -342,10 +313,9 @@ class TrainingConfig:
         _range("epochs", self.epochs, 1, 10_000)
         _range("batch_size", self.batch_size, 1, 1_000_000)
         _choice("lr_decay", self.lr_decay, LR_DECAYS, "learning-rate decay")
-        if isinstance(self.weight_decay, bool) or not (
-            isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1 and math.isfinite(self.weight_decay)
-        ):
-            raise ConfigError("weight_decay", f"must be a number in [0, 1), got {self.weight_decay!r}")
+        wd = self.weight_decay
+        if isinstance(wd, bool) or not (isinstance(wd, (int, float)) and 0 <= wd < 1 and math.isfinite(wd)):
+            raise ConfigError("weight_decay", f"must be a number in [0, 1), got {wd!r}")
 
 
 @dataclasses.dataclass(frozen=True)

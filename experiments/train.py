@@ -94,8 +94,11 @@ def _nonfinite_weight(model: Any) -> str | None:
 def learning_rate(config: TrainingConfig, keras: Any, steps_per_epoch: int) -> Any:
     """The step size of ``config``: a float, or a Keras schedule over ``epochs * steps_per_epoch`` steps.
 
-    ``cosine``: ``keras.optimizers.schedules.CosineDecay`` to 0 at the last step. ``step``:
-    ``PiecewiseConstantDecay``, the initial rate, then x0.1 from step ``total // 2`` and x0.01 from ``3 * total // 4``.
+    ``constant``: the learning rate. ``cosine``: ``keras.optimizers.schedules.CosineDecay`` to 0 at the last step
+    (Loshchilov and Hutter, "SGDR: Stochastic Gradient Descent with Warm Restarts", ICLR 2017, without restarts).
+    ``step``: ``PiecewiseConstantDecay``, x0.1 after step ``total // 2`` and x0.01 after ``3 * total // 4`` (the
+    shape of Evci et al.'s RigL schedule). One IMP level is one run of the schedule. Pruned weights stay exactly
+    zero under weight decay (a zero shrinks to zero).
     """
     lr = float(config.learning_rate)
     total = int(config.epochs) * int(steps_per_epoch)
